@@ -1,0 +1,550 @@
+"""HF Qwen2-VL / Qwen2.5-VL checkpoint -> our params, through one strict, declarative key table.
+
+Reading touches only the vision tensors: safetensors headers (or the shard index) say where each
+tensor lives, only shards holding vision keys are opened, and tensor bytes are memory-mapped and
+copied one at a time (a 72B checkpoint is ~144 GB, its vision tower ~1.3 GB). Our own safetensors
+reader handles BF16 without torch. Every HF vision key must match exactly one rule of `RULES`,
+every one of our params (and every block row of a stacked param) must be filled exactly once, and
+shapes are checked before and after each transform; anything else raises `CheckpointError`.
+
+A converted directory holds:
+  config.json                {"format": "qwen_vit_jax", "format_version": 1, "vision_config": ...,
+                              "source": {"hf_dir": ..., "keys_prefix": ...}, "dtype": ...}
+  params.safetensors         flat NNX paths, blocks stacked over depth, kernels [in, out]
+  preprocessor_config.json   copied from the HF directory when present
+No torch, transformers or jax is imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import ml_dtypes
+import numpy as np
+
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_VL, VisionConfig
+
+FORMAT, FORMAT_VERSION = "qwen_vit_jax", 1
+CONFIG_FILE, PARAMS_FILE, PREPROCESSOR_FILE = "config.json", "params.safetensors", "preprocessor_config.json"
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+class CheckpointError(ValueError):
+    """A bad or inconsistent checkpoint. The message names the file and, where relevant, the tensor."""
+
+
+# ---- safetensors ------------------------------------------------------------------------------
+# Layout: u64 little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
+# "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the data; offsets are relative
+# to the data start and must tile it exactly (as the reference implementation requires).
+_ST_DTYPES = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype(bool),
+}
+_ST_NAMES = {dt: name for name, dt in _ST_DTYPES.items()}
+_PARAM_DTYPES = ("F32", "F16", "BF16", "F64")  # what a parameter may be stored as
+_MAX_HEADER = 100 << 20  # the reference implementation's limit
+
+
+def _unique_keys(pairs):
+    """json object_pairs_hook: a duplicated name would silently shadow a tensor."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen = set()
+        raise ValueError(f"duplicate key {next(k for k, _ in pairs if k in seen or seen.add(k))!r}")
+    return d
+
+
+class _SafetensorsFile:
+    """One safetensors file: header parsed and validated eagerly, tensor bytes memory-mapped lazily."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"safetensors file not found: {self.path}")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 0:
+                self._bad(f"only {size} bytes: too short for a safetensors header")
+            if not 2 <= n <= _MAX_HEADER or 8 + n > size:
+                self._bad(f"header length {n} does not fit a {size}-byte file (truncated or not safetensors)")
+            raw = f.read(n)
+        try:
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+        except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            self._bad(f"corrupt header: {e}")
+        if not isinstance(header, dict):
+            self._bad("corrupt header: not a JSON object")
+        meta = header.pop("__metadata__", {})
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            self._bad("corrupt header: __metadata__ must map str -> str")
+        self.metadata: dict[str, str] = meta
+        self.data_start, self.data_len = 8 + n, size - 8 - n
+        # name -> (safetensors dtype, shape, begin, end)
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, e in header.items():
+            ok = (isinstance(e, dict) and set(e) == {"dtype", "shape", "data_offsets"}
+                  and isinstance(e["dtype"], str) and isinstance(e["shape"], list)
+                  and all(type(d) is int and d >= 0 for d in e["shape"])
+                  and isinstance(e["data_offsets"], list) and len(e["data_offsets"]) == 2
+                  and all(type(o) is int for o in e["data_offsets"])
+                  and 0 <= e["data_offsets"][0] <= e["data_offsets"][1])
+            if not ok:
+                self._bad(f"corrupt header entry {e!r}", name)
+            begin, end = e["data_offsets"]
+            shape = tuple(e["shape"])
+            dt = _ST_DTYPES.get(e["dtype"])  # unknown dtypes only fail when read (e.g. in a text tensor)
+            if dt is not None and end - begin != math.prod(shape) * dt.itemsize:
+                self._bad(f"data_offsets [{begin}, {end}) hold {end - begin} bytes, but {e['dtype']} "
+                          f"{list(shape)} needs {math.prod(shape) * dt.itemsize}", name)
+            self.entries[name] = (e["dtype"], shape, begin, end)
+        pos = 0
+        for name, (_, _, begin, end) in sorted(self.entries.items(), key=lambda kv: kv[1][2:]):
+            if begin != pos:
+                self._bad(f"data starts at byte {begin}, expected {pos} (gap or overlap)", name)
+            if end > self.data_len:
+                self._bad(f"data [{begin}, {end}) runs past the end of the file's {self.data_len} data "
+                          "bytes (truncated file?)", name)
+            pos = end
+        if pos != self.data_len:
+            self._bad(f"{self.data_len - pos} bytes after the last tensor")
+        self._mm = None
+
+    def _bad(self, msg: str, name: str | None = None):
+        raise CheckpointError(f"{self.path}: " + (f"tensor {name!r}: " if name else "") + msg)
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as a read-only array backed by the file mapping (no bytes read until used)."""
+        if name not in self.entries:
+            self._bad("no such tensor in this file", name)
+        st, shape, begin, end = self.entries[name]
+        if st not in _ST_DTYPES:
+            self._bad(f"unsupported dtype {st!r}", name)
+        dt = _ST_DTYPES[st]
+        if begin == end:
+            return np.zeros(shape, dt)
+        if self._mm is None:
+            self._mm = np.memmap(self.path, np.uint8, "r", offset=self.data_start, shape=(self.data_len,))
+        return np.frombuffer(self._mm, dt, count=math.prod(shape), offset=begin).reshape(shape)
+
+
+def read_safetensors(path: str | os.PathLike, keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Read `keys` (default: all) from a safetensors file as read-only, memory-mapped arrays.
+
+    Raises FileNotFoundError for a missing file, CheckpointError (a ValueError) naming the file and
+    tensor for a truncated/corrupt file, an unsupported dtype or a key the file lacks.
+    """
+    f = _SafetensorsFile(path)
+    return {k: f.get(k) for k in (f.entries if keys is None else keys)}
+
+
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write `tensors` (sorted by name) to a safetensors file at `path`, fsynced."""
+    header: dict = {}
+    if metadata is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise ValueError("safetensors metadata must map str -> str")
+        header["__metadata__"] = dict(metadata)
+    arrays, pos = [], 0
+    for name in sorted(tensors):
+        if not isinstance(name, str) or name == "__metadata__":
+            raise ValueError(f"invalid tensor name {name!r}")
+        a = np.asarray(tensors[name])
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        if a.dtype not in _ST_NAMES:
+            raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors equivalent")
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
+        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [pos, pos + a.nbytes]}
+        arrays.append(a)
+        pos += a.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # pad so the data starts 8-byte aligned, like the reference writer
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for a in arrays:
+            f.write(a.reshape(-1).view(np.uint8).data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---- the key table ----------------------------------------------------------------------------
+def _identity(w, cfg):
+    return w
+
+
+def _linear(w, cfg):  # torch Linear weight [out, in] -> kernel [in, out], used as x @ kernel
+    return w.T
+
+
+def _conv(w, cfg):
+    # Conv3d with stride == kernel over rows already flattened as (C, T, ph, pw): exactly
+    # rows [N, P] @ weight.reshape(D, P).T
+    return w.reshape(cfg.width, cfg.patch_dim).T
+
+
+def _shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
+    """Dimension string -> shape, e.g. "3D D" -> (3 * width, width)."""
+    dims = dict(D=cfg.width, I=cfg.intermediate_size, O=cfg.out_dim, M=cfg.merge_unit * cfg.width,
+                P=cfg.patch_dim, C=cfg.in_channels, T=cfg.temporal_patch_size, p=cfg.patch_size)
+    tokens = (re.fullmatch(r"(\d*)([A-Za-z])", t) for t in spec.split())
+    return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """HF tensor family -> one of our params.
+
+    pattern: anchored regex on the prefix-stripped HF key; a `(?P<layer>...)` group marks a
+      per-block tensor filling row `layer` of our stacked [L, ...] param.
+    src, dst: shapes as dimension strings (D width, I MLP hidden, O merger out, M = merge_unit * D,
+      P patch_dim, C/T/p channels/temporal patch/patch); dst is per block.
+    """
+
+    pattern: str
+    target: str
+    transform: Callable[[np.ndarray, VisionConfig], np.ndarray]
+    src: str
+    dst: str
+    variants: tuple[str, ...] = (QWEN2_VL, QWEN2_5_VL)
+
+    @property
+    def per_block(self) -> bool:
+        return "(?P<layer>" in self.pattern
+
+    def hf_key(self, layer: int | None) -> str:
+        """The HF key (without prefix) this rule expects, for error messages."""
+        return re.sub(r"\(\?P<layer>[^)]*\)", str(layer), self.pattern).replace("\\", "")
+
+
+_B = r"blocks\.(?P<layer>0|[1-9][0-9]*)\."
+_V2, _V25 = (QWEN2_VL,), (QWEN2_5_VL,)
+RULES: tuple[Rule, ...] = (
+    Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D"),
+    Rule(_B + r"norm1\.weight", "blocks.norm1.scale", _identity, "D", "D"),
+    Rule(_B + r"norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _V2),
+    Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D"),
+    Rule(_B + r"norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _V2),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D"),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D"),
+    Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D"),
+    Rule(_B + r"attn\.proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D"),
+    Rule(_B + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _V2),
+    Rule(_B + r"mlp\.fc1\.bias", "blocks.mlp.fc1.bias", _identity, "I", "I", _V2),
+    Rule(_B + r"mlp\.fc2\.weight", "blocks.mlp.fc2.kernel", _linear, "D I", "I D", _V2),
+    Rule(_B + r"mlp\.fc2\.bias", "blocks.mlp.fc2.bias", _identity, "D", "D", _V2),
+    Rule(_B + r"mlp\.gate_proj\.weight", "blocks.mlp.gate.kernel", _linear, "I D", "D I", _V25),
+    Rule(_B + r"mlp\.gate_proj\.bias", "blocks.mlp.gate.bias", _identity, "I", "I", _V25),
+    Rule(_B + r"mlp\.up_proj\.weight", "blocks.mlp.up.kernel", _linear, "I D", "D I", _V25),
+    Rule(_B + r"mlp\.up_proj\.bias", "blocks.mlp.up.bias", _identity, "I", "I", _V25),
+    Rule(_B + r"mlp\.down_proj\.weight", "blocks.mlp.down.kernel", _linear, "D I", "I D", _V25),
+    Rule(_B + r"mlp\.down_proj\.bias", "blocks.mlp.down.bias", _identity, "D", "D", _V25),
+    Rule(r"merger\.ln_q\.weight", "merger.norm.scale", _identity, "D", "D"),
+    Rule(r"merger\.ln_q\.bias", "merger.norm.bias", _identity, "D", "D", _V2),
+    Rule(r"merger\.mlp\.0\.weight", "merger.fc1.kernel", _linear, "M M", "M M"),
+    Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M"),
+    Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O"),
+    Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O"),
+)
+
+
+def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
+    """Our flat param key -> shape; per-block params lead with L = cfg.depth."""
+    return {r.target: ((cfg.depth,) if r.per_block else ()) + _shape(r.dst, cfg)
+            for r in RULES if cfg.variant in r.variants}
+
+
+# ---- reading an HF checkpoint -----------------------------------------------------------------
+_PREFIXES = ("visual.", "model.visual.")  # hub / transformers 5.x saves, some 4.5x saves
+_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint
+
+
+def _locate(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, _SafetensorsFile]]:
+    """Every tensor name -> the file holding it, from model.safetensors' header or the shard index.
+
+    Returns the map and the files already opened on the way (the single-file case).
+    """
+    single, index = hf_dir / "model.safetensors", hf_dir / "model.safetensors.index.json"
+    if single.is_file():  # transformers prefers it too when both exist
+        f = _SafetensorsFile(single)
+        return dict.fromkeys(f.entries, single), {single: f}
+    if not index.is_file():
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {hf_dir}")
+    try:
+        d = json.loads(index.read_text(), object_pairs_hook=_unique_keys)
+    except ValueError as e:
+        raise CheckpointError(f"{index}: not a valid JSON index ({e})") from None
+    wm = d.get("weight_map") if isinstance(d, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise CheckpointError(f"{index}: no 'weight_map' object of tensor name -> shard file name")
+    odd = sorted({v for v in wm.values() if pathlib.PurePath(v).name != v or v in ("", ".", "..")})
+    if odd:
+        raise CheckpointError(f"{index}: shard names must be plain file names, got {odd[:3]}")
+    return {k: hf_dir / v for k, v in wm.items()}, {}
+
+
+def _vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
+    keys = list(keys)
+    found = {p: k for p in _PREFIXES for k in keys if k.startswith(p)}
+    if len(found) > 1:
+        raise CheckpointError(f"{where}: both 'visual.*' and 'model.visual.*' tensors are present (e.g. "
+                              f"{found['visual.']!r}, {found['model.visual.']!r}): which is the tower?")
+    if found:
+        return next(iter(found))
+    if any(k.startswith(_BARE_ROOTS) for k in keys):
+        return ""  # vision-only checkpoint: then every tensor in it must be a vision tensor
+    raise CheckpointError(f"{where}: no vision tensors (keys under 'visual.', 'model.visual.' or bare "
+                          "'patch_embed.' / 'blocks.' / 'merger.')")
+
+
+def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
+    hf_dir = pathlib.Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise FileNotFoundError(f"HF checkpoint directory not found: {hf_dir}")
+    config_path = hf_dir / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in the HF checkpoint directory: {config_path}")
+    try:
+        cfg = VisionConfig.from_hf(config_path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    where, files = _locate(hf_dir)
+    prefix = _vision_prefix(where, hf_dir)
+    rules = [(re.compile(r.pattern), r) for r in RULES if cfg.variant in r.variants]
+
+    # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
+    matched, unknown = [], []
+    for key in sorted(k for k in where if k.startswith(prefix)):
+        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix):]))]
+        layer = int(hits[0][1]["layer"]) if len(hits) == 1 and hits[0][0].per_block else None
+        if len(hits) != 1:
+            unknown.append(f"{key!r} in {where[key]}" + (" (matches several rules)" if hits else ""))
+        elif layer is not None and layer >= cfg.depth:
+            unknown.append(f"{key!r} in {where[key]} (block {layer} >= depth {cfg.depth})")
+        else:
+            matched.append((key, hits[0][0], layer))
+    if unknown:
+        raise CheckpointError(f"{hf_dir}: {len(unknown)} vision tensor(s) match no {cfg.variant} parameter: "
+                              + "; ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))
+
+    # Pass 2: open only the files holding vision tensors, check, transform, fill.
+    shapes = expected_param_shapes(cfg)
+    params: dict[str, np.ndarray] = {}
+    filled: dict[tuple[str, int | None], str] = {}
+    for key, rule, layer in matched:
+        path = where[key]
+        f = files[path] if path in files else files.setdefault(path, _SafetensorsFile(path))
+        if key not in f.entries:
+            raise CheckpointError(f"{path}: the index places tensor {key!r} here, but the file lacks it")
+        loc = f"{path}: tensor {key!r}"
+        st, shape = f.entries[key][:2]
+        src, dst = _shape(rule.src, cfg), _shape(rule.dst, cfg)
+        if shape != src:
+            raise CheckpointError(f"{loc}: shape {shape}, expected {src} = [{rule.src}] for {cfg.variant}")
+        if st not in _PARAM_DTYPES:
+            raise CheckpointError(f"{loc}: dtype {st} is not one of {_PARAM_DTYPES}")
+        w = rule.transform(f.get(key), cfg)
+        if w.shape != dst:  # a table bug, but never write a wrongly shaped param
+            raise CheckpointError(f"{loc}: transformed to {w.shape}, expected {dst} for {rule.target}")
+        slot = (rule.target, layer)
+        if slot in filled:
+            raise CheckpointError(f"{loc}: {rule.target}[{layer}] already filled from {filled[slot]!r}")
+        filled[slot] = key
+        if layer is None:
+            params[rule.target] = np.array(w)  # copy out of the file mapping
+            continue
+        if rule.target not in params:  # preallocate [L, ...] in the source dtype
+            params[rule.target] = np.empty(shapes[rule.target], w.dtype)
+        stack = params[rule.target]
+        if stack.dtype != w.dtype:
+            raise CheckpointError(f"{loc}: dtype {w.dtype}, other blocks of {rule.target}: {stack.dtype}")
+        stack[layer] = w
+
+    missing = [f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
+               for _, r in rules for i in (range(cfg.depth) if r.per_block else [None])
+               if (r.target, i) not in filled]
+    if missing:
+        raise CheckpointError(f"{hf_dir}: {len(missing)} {cfg.variant} vision tensor(s) missing: "
+                              + "; ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
+    return cfg, params, prefix
+
+
+def read_hf_vision_params(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:
+    """Read the vision tower of an HF checkpoint directory into our flat params (source dtype kept).
+
+    Returns (cfg, params) with params as in `expected_param_shapes(cfg)`, e.g. for Qwen2.5-VL
+    `patch_embed.kernel` [P, D], `blocks.attn.qkv.kernel` [L, D, 3D], `merger.fc2.kernel` [4D, O].
+    Raises FileNotFoundError for a missing directory / config.json / shard, CheckpointError otherwise.
+    """
+    cfg, params, _ = _read_hf(hf_dir)
+    return cfg, params
+
+
+# ---- our format -------------------------------------------------------------------------------
+def _fsync(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_replaceable(out: pathlib.Path, hf_dir) -> None:
+    """Refuse to delete anything that is not an earlier output of ours (or an empty directory)."""
+    ours = out.is_dir() and not out.is_symlink() and out.resolve() != pathlib.Path(hf_dir).resolve()
+    if ours and any(out.iterdir()):
+        try:
+            ours = json.loads((out / CONFIG_FILE).read_text()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            ours = False
+    if not ours:
+        raise FileExistsError(f"{out} exists and is not a {FORMAT} output directory; not replacing it")
+
+
+def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    if os.path.lexists(out):  # overwrite: old aside, new in, then drop old
+        aside = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        try:
+            os.rename(out, aside)  # replaces the empty placeholder
+        except BaseException:
+            aside.rmdir()
+            raise
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            os.rename(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+    _fsync(out.parent)
+
+
+def convert_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                       dtype: str | None = None, overwrite: bool = False) -> pathlib.Path:
+    """Convert an HF checkpoint's vision tower into `out_dir`, atomically.
+
+    dtype: None keeps the checkpoint's dtype (bit-exact), "float32" / "bfloat16" cast.
+    Everything is written into a temporary sibling directory, fsynced and renamed into place; on
+    any failure it is removed, so nothing is left behind. An existing `out_dir` raises
+    FileExistsError unless `overwrite` (it must then be an earlier output of ours, or empty).
+    """
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be None or one of {tuple(DTYPES)}, got {dtype!r}")
+    hf_dir, out = pathlib.Path(hf_dir), pathlib.Path(out_dir)
+    if os.path.lexists(out):  # before reading a possibly huge checkpoint
+        if not overwrite:
+            raise FileExistsError(f"output directory exists: {out} (overwrite / --overwrite replaces it)")
+        _check_replaceable(out, hf_dir)
+    cfg, params, prefix = _read_hf(hf_dir)
+    if dtype is not None:
+        params = {k: v.astype(DTYPES[dtype], copy=False) for k, v in params.items()}
+    names = sorted({v.dtype.name for v in params.values()})
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "vision_config": cfg.to_dict(),
+            "source": {"hf_dir": str(hf_dir.resolve()), "keys_prefix": prefix},
+            "dtype": names[0] if len(names) == 1 else "mixed"}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result is an ordinary directory
+        write_safetensors(tmp / PARAMS_FILE, params, {"format": FORMAT, "version": str(FORMAT_VERSION)})
+        with open(tmp / CONFIG_FILE, "w") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if (hf_dir / PREPROCESSOR_FILE).is_file():
+            shutil.copyfile(hf_dir / PREPROCESSOR_FILE, tmp / PREPROCESSOR_FILE)
+            _fsync(tmp / PREPROCESSOR_FILE)
+        _fsync(tmp)
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_converted(out_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray], dict]:
+    """Load a converted directory: (cfg, params as read-only memory-mapped arrays, config.json dict).
+
+    Raises FileNotFoundError for a missing directory or file, CheckpointError when the format
+    marker, version, config or the param set (names, shapes, float dtypes) is wrong.
+    """
+    out = pathlib.Path(out_dir)
+    if not out.is_dir():
+        raise FileNotFoundError(f"converted checkpoint directory not found: {out}")
+    config_path, params_path = out / CONFIG_FILE, out / PARAMS_FILE
+    for p in (config_path, params_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"missing {p}")
+    try:
+        meta = json.loads(config_path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{config_path}: not a {FORMAT} config (no \"format\": \"{FORMAT}\")")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{config_path}: format_version {meta.get('format_version')!r}, "
+                              f"this code reads {FORMAT_VERSION}")
+    try:
+        cfg = VisionConfig.from_dict(meta["vision_config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{config_path}: bad vision_config ({e})") from None
+    params = read_safetensors(params_path)
+    shapes = expected_param_shapes(cfg)
+    problems = [f"missing {k}" for k in sorted(set(shapes) - set(params))]
+    problems += [f"unexpected {k}" for k in sorted(set(params) - set(shapes))]
+    problems += [f"{k}: shape {params[k].shape}, expected {s}" for k, s in shapes.items()
+                 if k in params and params[k].shape != s]
+    problems += [f"{k}: dtype {v.dtype} is not a float dtype" for k, v in params.items()
+                 if _ST_NAMES.get(v.dtype) not in _PARAM_DTYPES]
+    if problems:
+        raise CheckpointError(f"{params_path}: params do not match the {cfg.variant} config: "
+                              + "; ".join(problems[:10]) + (" ..." if len(problems) > 10 else ""))
+    return cfg, params, meta
+
+
+# ---- command line -----------------------------------------------------------------------------
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
+    ap = argparse.ArgumentParser(prog=prog, description="Convert the vision tower of an HF Qwen2-VL / "
+                                 "Qwen2.5-VL checkpoint to qwen_vit_jax params.")
+    ap.add_argument("hf_dir", help="HF checkpoint directory (config.json + *.safetensors)")
+    ap.add_argument("out_dir", help="output directory (must not exist unless --overwrite)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                    help="cast the params (default: keep the checkpoint's dtype)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier output in OUT_DIR")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        out = convert_checkpoint(args.hf_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+        cfg, params, meta = load_converted(out)
+    except (OSError, ValueError) as e:  # FileNotFoundError, FileExistsError, CheckpointError, I/O
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    n = sum(v.size for v in params.values())
+    print(f"converted {cfg.variant} vision tower (depth {cfg.depth}, width {cfg.width}): {n:,} params in "
+          f"{len(params)} tensors, dtype {meta['dtype']}, {time.perf_counter() - t0:.1f} s -> {out}")
+    return 0
