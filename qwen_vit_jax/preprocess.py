@@ -1,0 +1,365 @@
+"""Image / video preprocessing for the Qwen2-VL / Qwen2.5-VL vision tower (numpy + PIL only).
+
+A re-implementation of transformers' `Qwen2VLImageProcessorPil` (what `Qwen2VLImageProcessor`
+falls back to without torchvision), checked bit-for-bit against it in the tests:
+
+  convert to RGB -> smart_resize to multiples of patch * merge (28) within [min_pixels, max_pixels]
+  -> PIL resize (BICUBIC) on uint8 -> rescale 1/255 -> normalise with CLIP mean / std
+  -> patchify into rows ordered merge-unit-major, each row (C, T, ph, pw) flattened.
+
+Rescale and normalise use HF's exact float64 / float32 arithmetic, so pixel_values are
+bit-identical to HF's, not just close. Patches are shuffled while still uint8 and an image is
+repeated over T only at the end, which keeps a 1000x1000 image at a few tens of ms.
+
+Input conventions (where HF is ambiguous or looser, we are explicit):
+  * numpy arrays are always channels-last: HxW, HxWx1 (grey), HxWx3 (RGB), HxWx4 (RGBA,
+    composited on white exactly as HF does for arrays). HF guesses channels-first when the first
+    axis is 1, 3 or 4; we never do. HF rejects 2-D arrays; we treat them as HxWx1.
+  * dtype: uint8, or any integer / float array whose values are whole numbers in [0, 255] (cast to
+    uint8, as HF does before PIL resizing). Float images in [0, 1] are rejected: HF would rescale
+    them by 1/255 twice. bool and other dtypes raise TypeError.
+  * PIL images are converted exactly like HF: images with an alpha band or a `transparency` entry
+    are alpha-composited onto opaque white with PIL, anything else goes through `.convert("RGB")`.
+
+Video: HF's `Qwen2VLVideoProcessor` needs torchvision (resizes with torch, not PIL) and is not
+matched. `preprocess_video` applies the image pipeline above to every frame (one size for the
+whole video, from the frame size) and patchifies with HF's video layout: frames grouped in runs of
+`temporal_patch_size` (an incomplete last run repeats the last frame), rows ordered
+(t, merge unit, ...) and each row (C, T, ph, pw). Note HF's video processor has its own default
+pixel range (min 128*28*28, max 768*28*28); pass min_pixels / max_pixels to use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_CHUNK = 256  # patch rows per rescale / normalise step
+_PIL_FILTERS = tuple(sorted(int(f) for f in Image.Resampling))  # PIL resample ids: NEAREST=0 .. BICUBIC=3 ..
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    """Preprocessing settings. Defaults are transformers 5.24's `Qwen2VLImageProcessorPil` class defaults
+    (max_pixels 1,003,520 = 28*28*1280). The released Qwen checkpoints say max_pixels 12,845,056 in
+    their preprocessor_config.json: load it with `from_hf` when you have one."""
+
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
+    image_std: tuple[float, ...] = OPENAI_CLIP_STD
+    rescale_factor: float = 1 / 255
+    resample: int = int(Image.Resampling.BICUBIC)
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    do_convert_rgb: bool = True
+
+    def __post_init__(self):
+        def bad(msg):
+            raise ValueError(f"invalid PreprocessConfig: {msg}")
+
+        ints = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
+        for name in (*ints, "resample"):
+            if isinstance(getattr(self, name), (np.integer, Image.Resampling)):  # numpy ints / PIL enums
+                object.__setattr__(self, name, int(getattr(self, name)))
+        for name in ints:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                bad(f"{name} must be a positive int, got {v!r}")
+        if self.min_pixels > self.max_pixels:
+            bad(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
+        for name in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if type(self.resample) is not int or self.resample not in _PIL_FILTERS:
+            bad(f"resample must be a PIL filter id {_PIL_FILTERS}, got {self.resample!r}")
+        r = self.rescale_factor
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
+            bad(f"rescale_factor must be a positive number, got {r!r}")
+        object.__setattr__(self, "rescale_factor", float(r))
+        for name in ("image_mean", "image_std"):
+            v = getattr(self, name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):  # HF: one value for all channels
+                v = (v,) * 3
+            try:
+                v = tuple(float(x) for x in v)
+            except (TypeError, ValueError):
+                bad(f"{name} must be 3 numbers, got {getattr(self, name)!r}")
+            if len(v) != 3 or not all(math.isfinite(x) for x in v):
+                bad(f"{name} must be 3 finite numbers, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, v)
+        if any(s == 0 for s in self.image_std):
+            bad(f"image_std must be non-zero, got {self.image_std}")
+
+    @property
+    def factor(self) -> int:
+        """Side of one merge unit in pixels (28): resized sides are multiples of it."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one pixel_values row: C * T * p * p (1176)."""
+        return 3 * self.temporal_patch_size * self.patch_size**2
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dict; `from_hf` (and HF's `Qwen2VLImageProcessorPil.from_dict`) read it back."""
+        d = dataclasses.asdict(self)
+        d["image_mean"], d["image_std"] = list(self.image_mean), list(self.image_std)
+        return d
+
+    @classmethod
+    def from_hf(cls, path_or_dict: str | os.PathLike | dict) -> PreprocessConfig:
+        """Read an HF `preprocessor_config.json`: a dict, a path to the file, or a checkpoint directory.
+
+        The pixel range comes from top-level `min_pixels` / `max_pixels` (they win, as in HF) or from
+        `size` = {"shortest_edge", "longest_edge"} (also accepted there: "min_pixels" / "max_pixels").
+        Missing or null fields keep the defaults; unknown keys are ignored; bad values raise ValueError.
+        """
+        if isinstance(path_or_dict, dict):
+            d, where = path_or_dict, "preprocessor config dict"
+        else:
+            path = os.fspath(path_or_dict)
+            if os.path.isdir(path):
+                path = os.path.join(path, "preprocessor_config.json")
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no HF preprocessor config at {path}")
+            try:
+                with open(path) as f:
+                    d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+            where = path
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
+
+        kw: dict[str, Any] = {}
+        size = d.get("size")
+        if size is not None:
+            if not isinstance(size, dict):
+                raise ValueError(f"{where}: 'size' must be an object, got {size!r}")
+            for ours, names in (("min_pixels", ("shortest_edge", "min_pixels")),
+                                ("max_pixels", ("longest_edge", "max_pixels"))):
+                for n in names:
+                    if size.get(n) is not None:
+                        kw[ours] = size[n]
+                        break
+        names = [f.name for f in dataclasses.fields(cls)]
+        kw.update({n: d[n] for n in names if d.get(n) is not None})
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
+                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+    """Target (height, width): multiples of `factor`, area within [min_pixels, max_pixels] where
+    possible, aspect ratio kept as well as rounding allows. Same arithmetic as HF's (Python `round`
+    is half-to-even there too), so the same sizes.
+
+    Raises ValueError when max/min side > 200 (as HF) and, unlike HF (ZeroDivisionError), for
+    non-positive sides or factor.
+    """
+    for name, v in (("height", height), ("width", width), ("factor", factor)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"smart_resize: {name} must be a positive int, got {v!r}")
+    if (ratio := max(height, width) / min(height, width)) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio} ({height}x{width})")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return int(h), int(w)
+
+
+# ---- per-image steps ---------------------------------------------------------------------------------
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    """HF's PIL conversion: composite transparency onto white, else plain convert("RGB")."""
+    if "A" in img.getbands() or img.info.get("transparency") is not None:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)
+    return np.asarray(img.convert("RGB"))
+
+
+def _array_to_uint8(a: np.ndarray, what: str) -> np.ndarray:
+    if a.dtype == np.uint8:
+        return a
+    if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        raise TypeError(f"{what}: unsupported array dtype {a.dtype} (expected uint8)")
+    if a.size and (not np.all(np.isfinite(a)) or a.min() < 0 or a.max() > 255 or np.any(a != np.round(a))):
+        raise ValueError(f"{what}: {a.dtype} array must hold whole numbers in [0, 255] "
+                         f"(got range [{a.min()}, {a.max()}]); float images in [0, 1] must be "
+                         "converted to uint8 first, e.g. (x * 255).round().astype(np.uint8)")
+    return a.astype(np.uint8)
+
+
+def _to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
+    """One image -> HxWx3 uint8 RGB, converted like HF's `convert_to_rgb`."""
+    if isinstance(image, Image.Image):
+        a = _array_to_uint8(_pil_to_rgb(image) if cfg.do_convert_rgb else np.asarray(image), what)
+    elif isinstance(image, np.ndarray):
+        a = _array_to_uint8(image, what)
+    else:
+        raise TypeError(f"{what}: expected a PIL.Image or a numpy array, got {type(image).__name__}")
+    if a.ndim == 2:
+        a = a[:, :, None]
+    if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
+        raise ValueError(f"{what}: expected a channels-last HxW, HxWx1, HxWx3 or HxWx4 image, "
+                         f"got shape {a.shape}")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{what}: empty image of shape {a.shape}")
+    if a.shape[2] != 3:
+        if not cfg.do_convert_rgb:
+            raise ValueError(f"{what}: {a.shape[2]}-channel image with do_convert_rgb=False "
+                             "(need 3 channels)")
+        if a.shape[2] == 1:
+            a = np.repeat(a, 3, axis=2)
+        else:  # RGBA array: HF blends onto white in float64 and rounds half-to-even
+            alpha = a[:, :, 3:4] / 255
+            a = np.round(alpha * a[:, :, :3] + (1 - alpha) * 255).astype(np.uint8)
+    return a
+
+
+def _resize(a: np.ndarray, cfg: PreprocessConfig, size: tuple[int, int] | None = None) -> np.ndarray:
+    """HxWx3 uint8 -> resized uint8 (PIL, as HF's PIL backend), or checked as-is when do_resize is off."""
+    h, w = a.shape[:2]
+    if not cfg.do_resize:
+        if h % cfg.factor or w % cfg.factor:
+            raise ValueError(f"do_resize=False needs sides that are multiples of {cfg.factor}, got {h}x{w}")
+        return a
+    th, tw = size if size is not None else smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    return np.asarray(Image.fromarray(np.ascontiguousarray(a)).resize((tw, th), resample=cfg.resample))
+
+
+def _rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """uint8 [..., C, t, p, p] -> float32 with HF's exact arithmetic: rescale in float64 then cast to
+    float32, normalise in float32 (mean / std cast to float32)."""
+    if cfg.do_rescale:
+        y = np.multiply(x, cfg.rescale_factor, dtype=np.float64).astype(np.float32)
+    else:
+        y = x.astype(np.float32)
+    if cfg.do_normalize:
+        y -= np.asarray(cfg.image_mean, np.float32).reshape(3, 1, 1, 1)
+        y /= np.asarray(cfg.image_std, np.float32).reshape(3, 1, 1, 1)
+    return y
+
+
+def _patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[gt, t, H, W, 3] uint8 -> float32 [gt * H/p * W/p, 3 * T * p * p]; t is T (video) or 1 (an image,
+    repeated over T).
+
+    Rows: (t, h-block, w-block, h-in-block, w-in-block), i.e. merge units of m x m patches are
+    contiguous; each row is (C, T, ph, pw) flattened (HF's layout)."""
+    gt, t, H, W, C = frames.shape
+    p, m, T = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    gh, gw = H // p, W // p
+    # shuffle while still uint8 (4x less memory traffic than float32), then convert
+    x = frames.reshape(gt, t, gh // m, m, p, gw // m, m, p, C).transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
+    x = np.ascontiguousarray(x).reshape(-1, C, t, p, p)
+    out = np.empty((len(x), C, T, p, p), np.float32)
+    # in row chunks so the float64 temporaries stay in cache (2x faster than whole-array passes);
+    # an image (t = 1) is broadcast over T on the write
+    for i in range(0, len(x), _CHUNK):
+        out[i:i + _CHUNK] = _rescale_normalize(x[i:i + _CHUNK], cfg)
+    return out.reshape(gt * gh * gw, C * T * p * p)
+
+
+def _resolve(config: PreprocessConfig | None, min_pixels, max_pixels) -> PreprocessConfig:
+    cfg = PreprocessConfig() if config is None else config
+    if not isinstance(cfg, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
+    over = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    return dataclasses.replace(cfg, **over) if over else cfg
+
+
+# ---- public entry points -----------------------------------------------------------------------------
+def preprocess_images(images, min_pixels: int | None = None, max_pixels: int | None = None, *,
+                      config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images -> vision-tower input, as HF's Qwen2VLImageProcessorPil.
+
+    Args:
+      images: one image or a list / tuple of them (or an [N, H, W, C] uint8 array); each a PIL.Image
+        or a channels-last array (see the module docstring). Sizes may differ.
+      min_pixels, max_pixels: override `config`'s pixel range when given.
+      config: PreprocessConfig (default: HF class defaults).
+
+    Returns:
+      pixel_values: float32 [sum_i t*h_i*w_i, 3 * T * p * p] (e.g. (704, 1176) for 300x450), images
+        concatenated in order, each repeated over T.
+      grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
+    """
+    cfg = _resolve(config, min_pixels, max_pixels)
+    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
+        images = [images]  # one image; a 4-D array is a batch
+    if not isinstance(images, (list, tuple, np.ndarray)):
+        raise TypeError(f"images must be an image or a list of images, got {type(images).__name__}")
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    rows, grids = [], []
+    for i, image in enumerate(images):
+        a = _resize(_to_hwc3(image, cfg, f"image {i}"), cfg)
+        rows.append(_patchify(a[None, None], cfg))
+        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
+    pixel_values = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+    return pixel_values, np.asarray(grids, dtype=np.int64)
+
+
+def preprocess_video(frames, min_pixels: int | None = None, max_pixels: int | None = None, *,
+                     config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One video -> vision-tower input: the image pipeline per frame + HF's video patch layout.
+
+    Args:
+      frames: a list / tuple of frames (PIL.Image or channels-last arrays, all the same size) or an
+        [F, H, W, C] array. All frames are resized to the one size smart_resize gives for (H, W).
+      min_pixels, max_pixels: override `config`'s pixel range when given.
+      config: PreprocessConfig (default: HF image-processor class defaults).
+
+    Returns:
+      pixel_values: float32 [gt * h * w, 3 * T * p * p] with gt = ceil(F / T): frames grouped in runs
+        of T along the row's T axis, the last frame repeated to fill the last run.
+      grid_thw: int64 [1, 3] = [[gt, h, w]] (h, w in patches).
+    """
+    cfg = _resolve(config, min_pixels, max_pixels)
+    if isinstance(frames, np.ndarray):
+        if frames.ndim != 4:
+            raise ValueError(f"a video array must be [F, H, W, C], got shape {frames.shape}; "
+                             "pass a list for a list of frames")
+    elif isinstance(frames, Image.Image) or not isinstance(frames, (list, tuple)):
+        raise TypeError(f"frames must be a list of frames or an [F, H, W, C] array, "
+                        f"got {type(frames).__name__}")
+    if len(frames) == 0:
+        raise ValueError("video has no frames")
+    hwc = [_to_hwc3(f, cfg, f"frame {i}") for i, f in enumerate(frames)]
+    if len({a.shape for a in hwc}) != 1:
+        raise ValueError(f"all frames of a video must have one size, "
+                         f"got {sorted({a.shape[:2] for a in hwc})}")
+    h, w = hwc[0].shape[:2]
+    size = smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels) if cfg.do_resize else None
+    video = np.stack([_resize(a, cfg, size) for a in hwc])
+    T = cfg.temporal_patch_size
+    if pad := -len(video) % T:
+        video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
+    gt = len(video) // T
+    pixel_values = _patchify(video.reshape(gt, T, *video.shape[1:]), cfg)
+    p = cfg.patch_size
+    grid = np.asarray([[gt, video.shape[1] // p, video.shape[2] // p]], dtype=np.int64)
+    return pixel_values, grid
