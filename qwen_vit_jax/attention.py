@@ -3,8 +3,9 @@
 Both take q, k, v for the packed batch in the original row order and the host plan's
 tables (qwen_vit_jax.plan). Neither ever builds an [N, N] mask:
 
-- window attention gathers each window into a slot of `window_patches` (64) rows, attends
-  densely inside the slot and gathers the results back: cost ~ num_windows * 64 * 64.
+- window attention gathers windows into slots of `window_patches` (64) rows (small edge
+  windows share a slot), attends densely inside each slot under a same-window mask and
+  gathers the results back: cost ~ num_slots * 64 * 64 ~ sum(window_len * 64).
 - segment attention walks, for every query block, the contiguous run of key blocks that
   holds its frames, with an online softmax: cost ~ sum(frame_len^2) (plus block rounding),
   memory linear in N.
@@ -28,9 +29,15 @@ NEG_INF = -1e30
 @dataclasses.dataclass(frozen=True)
 class Numerics:
     """How matmuls run. float32: operands float32 at HIGHEST precision (exact on GPU/TPU too).
-    bfloat16: operands bfloat16, float32 accumulation; everything else stays float32."""
+    bfloat16: operands rounded to bfloat16, float32 accumulation; everything else float32.
+
+    `native_bf16=False` computes the bfloat16 mode's products as float32 dots of the
+    bf16-rounded operands: the same numbers (a bf16 x bf16 product is exact in float32), for
+    CPUs without bf16 dot instructions, where XLA's bf16 dot is slower than its float32 one.
+    """
 
     dtype: str = "float32"
+    native_bf16: bool = True
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -38,21 +45,28 @@ class Numerics:
 
     @property
     def operand_dtype(self):
+        """Storage dtype of the weight matrices."""
         return jnp.float32 if self.dtype == "float32" else jnp.bfloat16
 
-    @property
-    def precision(self):
-        return lax.Precision.HIGHEST if self.dtype == "float32" else lax.Precision.DEFAULT
-
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-        """einsum with operands cast to the operand dtype and a float32 result."""
-        return jnp.einsum(
-            spec,
-            a.astype(self.operand_dtype),
-            b.astype(self.operand_dtype),
-            precision=self.precision,
-            preferred_element_type=jnp.float32,
-        )
+        """einsum with operands rounded to the operand dtype and a float32 result."""
+        if self.dtype == "float32" or not self.native_bf16:
+            a, b = (x.astype(self.operand_dtype).astype(jnp.float32) for x in (a, b))
+            return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+        return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+
+
+def has_native_bf16(device: jax.Device) -> bool:
+    """Whether `device` has fast bfloat16 dots: GPUs and TPUs do; a CPU needs avx512_bf16 or
+    AMX (read from /proc/cpuinfo; without it XLA's bf16 dot is slower than float32)."""
+    if device.platform != "cpu":
+        return True
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def window_attention(
@@ -60,28 +74,31 @@ def window_attention(
     k: jax.Array,
     v: jax.Array,
     window_tokens: jax.Array,
+    window_ids: jax.Array,
     window_slot: jax.Array,
     num: Numerics,
 ) -> jax.Array:
-    """Attention inside windows.
+    """Attention inside windows, packed into slots of S rows (several small windows may share
+    a slot; a row attends to the rows of its own window only).
 
     Args:
       q, k, v: [N, H, Dh] rows in original order (q, k already rotated).
-      window_tokens: [W, S] int32, the row held by each window slot, -1 for an empty slot.
-      window_slot: [N] int32, the flat slot (w * S + j) holding each row.
+      window_tokens: [W, S] int32, the row held by each slot entry, -1 for an empty entry.
+      window_ids: [W, S] int32, the window each slot entry belongs to, -1 for an empty entry.
+      window_slot: [N] int32, the flat slot entry (w * S + j) holding each row.
     Returns:
       [N, H, Dh] float32. Rows in no window (padding) get an arbitrary finite value.
     """
-    num_windows, slots = window_tokens.shape
+    num_slots, slots = window_tokens.shape
     scale = q.shape[-1] ** -0.5
-    valid = window_tokens >= 0  # [W, S]
     rows = jnp.maximum(window_tokens, 0)
-    qw, kw, vw = q[rows], k[rows], v[rows]  # [W, S, H, Dh]
-    s = num.einsum("wqhd,wkhd->whqk", qw, kw) * scale  # [W, H, S, S]
-    s = jnp.where(valid[:, None, None, :], s, NEG_INF)
+    qw, kw, vw = q[rows] * scale, k[rows], v[rows]  # [W, S, H, Dh]
+    s = num.einsum("wqhd,wkhd->whqk", qw, kw)  # [W, H, S, S]
+    same = (window_ids[:, :, None] == window_ids[:, None, :]) & (window_ids[:, None, :] >= 0)  # [W, S, S]
+    s = jnp.where(same[:, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
     o = num.einsum("whqk,wkhd->wqhd", p, vw)  # [W, S, H, Dh]
-    o = o.reshape(num_windows * slots, *o.shape[2:])  # [W*S, H, Dh]
+    o = o.reshape(num_slots * slots, *o.shape[2:])  # [W*S, H, Dh]
     return o[window_slot]  # [N, H, Dh]
 
 
@@ -94,6 +111,8 @@ def segment_attention(
     kv_block_count: jax.Array,
     key_blocks: int,
     num: Numerics,
+    *,
+    unroll: bool = False,
 ) -> jax.Array:
     """Attention within segments (frames), blockwise with an online softmax.
 
@@ -106,6 +125,7 @@ def segment_attention(
       segment_ids: [N] int32.
       kv_block_start, kv_block_count: [num_blocks] int32.
       key_blocks: static trip count, >= max(kv_block_count).
+      unroll: unroll the key-block loop (for cost analysis only).
     Returns:
       [N, H, Dh] float32.
     """
@@ -137,6 +157,6 @@ def segment_attention(
         jnp.zeros((nb, h, block), jnp.float32),
         jnp.zeros((nb, h, block, dh), jnp.float32),
     )
-    _, l, acc = lax.fori_loop(0, key_blocks, step, init)
+    _, l, acc = lax.fori_loop(0, key_blocks, step, init, unroll=unroll)
     out = acc / jnp.maximum(l, 1e-30)[..., None]  # [B, H, Q, Dh]
     return out.transpose(0, 2, 1, 3).reshape(n, h, dh)  # [B, Q, H, Dh] -> [N, H, Dh]

@@ -3,14 +3,17 @@
     enc = VisionEncoder.from_pretrained(out_dir, dtype="float32")
     emb = enc.encode(pixel_values, grid_thw)      # np.ndarray [N // 4, out_dim]
 
-Per call: validate on the host, plan (numba, cached by grid), pad pixels to the bucket,
-put pixels and plan on the device in one `jax.device_put`, run the bucket's compiled
-program (compiled once, ahead of time, from shapes only) and fetch the result. Nothing
+Per call: validate on the host, plan (numba, cached by grid; a large request is split at
+frame boundaries into chunks that fill buckets well), pad pixels to each bucket, put
+pixels and plans on the device in one `jax.device_put`, run each bucket's compiled
+program (compiled once, ahead of time, from shapes only) and fetch the results. Nothing
 is copied back before that fetch; the forward has no host callbacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import time
 
@@ -19,13 +22,18 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from PIL import Image
 
+from qwen_vit_jax import cost
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.attention import Numerics
+from qwen_vit_jax.attention import Numerics, has_native_bf16
 from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model import abstract_model
+from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
-PLAN_KEYS = ("pos_ids", "segment_ids", "kv_block_start", "kv_block_count", "window_tokens", "window_slot")
+PLAN_KEYS = (
+    "pos_ids", "segment_ids", "kv_block_start", "kv_block_count", "window_tokens", "window_ids", "window_slot",
+)
 
 
 class VisionEncoder:
@@ -38,6 +46,8 @@ class VisionEncoder:
         accumulation, residual stream and softmax).
       policy: the bucket ladder (plan.BucketPolicy).
       device: where to run (default: jax.devices()[0]).
+      preprocess: image preprocessing for encode_images / encode_video (default: HF's).
+      max_batch_patches: encode_images packs images into calls of at most this many patches.
     """
 
     def __init__(
@@ -48,17 +58,20 @@ class VisionEncoder:
         dtype: str = "float32",
         policy: planlib.BucketPolicy | None = None,
         device: jax.Device | None = None,
-        preprocess_config: dict | None = None,
+        preprocess: PreprocessConfig | None = None,
+        max_batch_patches: int = 16384,
     ):
         self.cfg = cfg
-        self.num = Numerics(dtype)
-        self.policy = policy or planlib.BucketPolicy()
         self.device = device or jax.devices()[0]
-        self.preprocess_config = preprocess_config
+        self.num = Numerics(dtype, native_bf16=has_native_bf16(self.device))
+        self.policy = policy or planlib.BucketPolicy()
+        self.preprocess = preprocess or PreprocessConfig()
+        self.max_batch_patches = max_batch_patches
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         self._state = _fill_state(abstract, params, self.num, self.device)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
         self.compile_seconds: dict[planlib.Bucket, float] = {}
+        self._flops: dict[planlib.Bucket, float] = {}
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str = "float32", **kwargs) -> VisionEncoder:
@@ -66,8 +79,11 @@ class VisionEncoder:
         from qwen_vit_jax.convert import load_converted
 
         Numerics(dtype)  # validate before reading gigabytes
-        cfg, params, meta = load_converted(path)
-        return cls(cfg, params, dtype=dtype, preprocess_config=meta.get("preprocessor_config"), **kwargs)
+        cfg, params, _ = load_converted(path)
+        pre = os.path.join(path, "preprocessor_config.json")
+        if os.path.exists(pre) and "preprocess" not in kwargs:
+            kwargs["preprocess"] = PreprocessConfig.from_hf(pre)
+        return cls(cfg, params, dtype=dtype, **kwargs)
 
     @property
     def dtype(self) -> str:
@@ -89,21 +105,59 @@ class VisionEncoder:
           float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output`, all inputs
           concatenated in order.
         """
-        plan, pixels = self._prepare(pixel_values, grid_thw)
-        out = self._run(plan, pixels)
-        return np.asarray(out)[: plan.n_patches // self.cfg.merge_unit]
+        plans, pixels = self._prepare(pixel_values, grid_thw)
+        # One transfer for everything this call needs, then every chunk's program is
+        # dispatched before anything is fetched.
+        inputs = jax.device_put([(px, *p.device_arrays()) for p, px in zip(plans, pixels)], self.device)
+        outs = [self._program(p.bucket)(self._state, px, dict(zip(PLAN_KEYS, tables)))
+                for p, (px, *tables) in zip(plans, inputs)]
+        rows = [p.n_patches // self.cfg.merge_unit for p in plans]
+        return np.concatenate([np.asarray(o)[:r] for o, r in zip(outs, rows)])
+
+    def encode_images(self, images) -> list[np.ndarray]:
+        """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
+
+        Args:
+          images: a list of PIL images or HxWx3 uint8 arrays (any sizes).
+        Returns:
+          one float32 [h * w / merge_unit, out_dim] array per image.
+        """
+        if isinstance(images, (Image.Image, np.ndarray)):
+            images = [images]
+        return self._encode_many([preprocess_images([im], config=self.preprocess) for im in images])
+
+    def encode_video(self, frames) -> np.ndarray:
+        """One video (a list of frames) -> float32 [t * h * w / merge_unit, out_dim]."""
+        return self._encode_many([preprocess_video(frames, config=self.preprocess)])[0]
+
+    def _encode_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+        """Encode (pixel_values, grid_thw) items, packing consecutive ones into calls of at
+        most max_batch_patches patches (a larger item runs alone)."""
+        out, batch, size = [], [], 0
+        for item in [*items, None]:
+            n = 0 if item is None else len(item[0])
+            if batch and (item is None or size + n > self.max_batch_patches):
+                emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
+                cuts = np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]
+                out.extend(np.split(emb, cuts))
+                batch, size = [], 0
+            if item is not None:
+                batch.append(item)
+                size += n
+        return out
 
     def warmup(self, grids) -> list[planlib.Bucket]:
         """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
         buckets = []
         for g in grids:
-            bucket = planlib.make_plan(g, self.cfg, self.policy).bucket
-            self._program(bucket)
-            buckets.append(bucket)
+            for plan in planlib.make_plans(planlib.validate_grid(g, self.cfg), self.cfg, self.policy):
+                self._program(plan.bucket)
+                buckets.append(plan.bucket)
         return buckets
 
     # ---- internals -----------------------------------------------------------------------
-    def _prepare(self, pixel_values, grid_thw) -> tuple[planlib.Plan, np.ndarray]:
+    def _prepare(self, pixel_values, grid_thw) -> tuple[list[planlib.Plan], list[np.ndarray]]:
+        """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket."""
         cfg = self.cfg
         grid = planlib.validate_grid(grid_thw, cfg)
         px = np.asarray(pixel_values)
@@ -120,17 +174,46 @@ class VisionEncoder:
         expected = int(np.prod(grid, axis=1).sum())
         if px.shape[0] != expected:
             raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {expected}")
-        plan = planlib.make_plan(grid, cfg, self.policy)
+        plans = planlib.make_plans(grid, cfg, self.policy)
         host_dtype = np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
-        pixels = np.zeros((plan.bucket.patches, cfg.patch_dim), host_dtype)  # [N_pad, P]
-        pixels[: plan.n_patches] = px
-        return plan, pixels
+        padded, start = [], 0
+        for plan in plans:
+            chunk = np.zeros((plan.bucket.patches, cfg.patch_dim), host_dtype)  # [N_pad, P]
+            chunk[: plan.n_patches] = px[start : start + plan.n_patches]
+            padded.append(chunk)
+            start += plan.n_patches
+        return plans, padded
 
-    def _run(self, plan: planlib.Plan, pixels: np.ndarray) -> jax.Array:
-        program = self._program(plan.bucket)
-        # One transfer for everything this call needs.
-        pixels_d, *tables = jax.device_put((pixels, *plan.device_arrays()), self.device)
-        return program(self._state, pixels_d, dict(zip(PLAN_KEYS, tables)))
+    def cost_report(self, grid_thw) -> dict:
+        """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
+
+        Returns a dict with `buckets` (one per chunk the request is split into), `compiled_flops`
+        (XLA's cost analysis of those programs), `ideal_flops` (analytic: the same tower on the
+        real rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes`
+        (the compiled programs' largest temp allocation), `patches` and `padded_patches`.
+        """
+        plans = planlib.make_plans(planlib.validate_grid(grid_thw, self.cfg), self.cfg, self.policy)
+        compiled = sum(self._compiled_flops(p.bucket) for p in plans)
+        frames, windows = planlib.segment_lengths(np.concatenate([p.grid_thw for p in plans]), self.cfg)
+        ideal = cost.ideal_flops(self.cfg, frames, windows)
+        temp = max(self._program(p.bucket).memory_analysis().temp_size_in_bytes for p in plans)
+        return {
+            "buckets": [dataclasses.asdict(p.bucket) for p in plans],
+            "patches": sum(p.n_patches for p in plans),
+            "padded_patches": sum(p.bucket.patches for p in plans),
+            "compiled_flops": compiled,
+            "ideal_flops": ideal,
+            "flops_ratio": compiled / ideal,
+            "temp_bytes": int(temp),
+        }
+
+    def _compiled_flops(self, bucket: planlib.Bucket) -> float:
+        if bucket not in self._flops:
+            pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
+            forward = jax.jit(functools.partial(self._forward, unroll=True), static_argnames="key_blocks")
+            lowered = forward.lower(self._state, pixels, tables, key_blocks=bucket.key_blocks)
+            self._flops[bucket] = float(lowered.cost_analysis()["flops"])
+        return self._flops[bucket]
 
     def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
         program = self._compiled.get(bucket)
@@ -146,9 +229,9 @@ class VisionEncoder:
             self.compile_seconds[bucket] = time.perf_counter() - t0
         return program
 
-    def _forward(self, state, pixels, tables, *, key_blocks: int):
+    def _forward(self, state, pixels, tables, *, key_blocks: int, unroll: bool = False):
         model = nnx.merge(self._graphdef, state)
-        return model(pixels, tables, key_blocks=key_blocks)
+        return model(pixels, tables, key_blocks=key_blocks, unroll=unroll)
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str):
@@ -161,6 +244,7 @@ def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str):
         "kv_block_start": jax.ShapeDtypeStruct((nb,), i32),
         "kv_block_count": jax.ShapeDtypeStruct((nb,), i32),
         "window_tokens": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
+        "window_ids": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
         "window_slot": jax.ShapeDtypeStruct((n,), i32),
     }
     pixels = jax.ShapeDtypeStruct((n, cfg.patch_dim), jnp.float32 if dtype == "float32" else jnp.bfloat16)
@@ -186,3 +270,4 @@ def _fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numeric
         values.append(jax.device_put(value.astype(dtype), device))
     filled = [(path, var.replace(v)) for (path, var), v in zip(flat, values)]
     return nnx.from_flat_state(filled)
+

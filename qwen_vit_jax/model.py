@@ -125,7 +125,7 @@ class Attention(nnx.Module):
         self.qkv = Linear(cfg.width, 3 * cfg.width, num, rngs=rngs)
         self.proj = Linear(cfg.width, cfg.width, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int) -> jax.Array:
+    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, unroll: bool = False) -> jax.Array:
         """x: [N, D]; full: bool or a traced bool (scan over mixed layers)."""
         n, d = x.shape
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3, H, Dh]
@@ -135,11 +135,13 @@ class Attention(nnx.Module):
         def full_attn(q, k, v):
             return segment_attention(
                 q, k, v, plan["segment_ids"], plan["kv_block_start"], plan["kv_block_count"],
-                key_blocks, self.num,
+                key_blocks, self.num, unroll=unroll,
             )
 
         def window_attn(q, k, v):
-            return window_attention(q, k, v, plan["window_tokens"], plan["window_slot"], self.num)
+            return window_attention(
+                q, k, v, plan["window_tokens"], plan["window_ids"], plan["window_slot"], self.num
+            )
 
         if full is True:
             o = full_attn(q, k, v)
@@ -184,8 +186,8 @@ class Block(nnx.Module):
         self.norm2 = Norm(cfg.width, cfg)
         self.mlp = (SwiGLU if cfg.variant == QWEN2_5_VL else MLP)(cfg, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int):
-        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full, key_blocks=key_blocks)
+    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, unroll: bool = False):
+        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full, key_blocks=key_blocks, unroll=unroll)
         return x + self.mlp(self.norm2(x))
 
 
@@ -224,12 +226,17 @@ class VisionTransformer(nnx.Module):
         self.blocks = make_blocks(rngs)
         self.merger = PatchMerger(cfg, num, rngs=rngs)
 
-    def __call__(self, pixels: jax.Array, plan: dict[str, jax.Array], *, key_blocks: int) -> jax.Array:
+    def __call__(
+        self, pixels: jax.Array, plan: dict[str, jax.Array], *, key_blocks: int, unroll: bool = False
+    ) -> jax.Array:
         """Args:
           pixels: [N, patch_dim], N a bucket size (rows >= the real count are padding).
           plan: the device arrays of a qwen_vit_jax.plan.Plan (pos_ids [N, 2], segment_ids [N],
-            kv_block_start / kv_block_count [N / block], window_tokens [W, S], window_slot [N]).
+            kv_block_start / kv_block_count [N / block], window_tokens / window_ids [W, S],
+            window_slot [N]).
           key_blocks: the bucket's static number of key blocks per query block.
+          unroll: unroll the layer scan and the attention loop (same arithmetic, much larger
+            program): XLA's cost analysis counts a loop body once, so FLOP counts need this.
         Returns:
           [N / merge_unit, out_dim] float32, rows in the original order.
         """
@@ -238,8 +245,14 @@ class VisionTransformer(nnx.Module):
         cos, sin = rotary_cos_sin(plan["pos_ids"], cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
 
         layers = cfg.full_attention_layers
-        uniform = all(layers) or not any(layers)
         graphdef, stacked = nnx.split(self.blocks)
+        if unroll:  # one copy of every layer: only for XLA's cost analysis (cost.py)
+            for i, full in enumerate(layers):
+                block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+                x = block(x, cos, sin, plan, full=full, key_blocks=key_blocks, unroll=True)
+            return self.merger(x)
+
+        uniform = all(layers) or not any(layers)
 
         def body(x, xs):
             state, full = xs

@@ -56,6 +56,7 @@ def test_segment_attention_matches_dense(seed, block):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_window_attention_matches_dense(seed):
+    """Random windows packed several to a slot (as the plan packs small edge windows)."""
     rng = np.random.default_rng(seed)
     slots, n_real = 16, int(rng.integers(20, 90))
     n = n_real + int(rng.integers(0, 8))
@@ -63,23 +64,28 @@ def test_window_attention_matches_dense(seed):
     sizes = []
     while sum(sizes) < n_real:
         sizes.append(int(min(rng.integers(1, slots + 1), n_real - sum(sizes))))
-    num_windows = len(sizes) + 2  # trailing empty windows, as a bucket pads them
-    tokens = np.full((num_windows, slots), -1, np.int32)
+    num_slots = len(sizes) + 2  # trailing empty slots, as a bucket pads them
+    tokens = np.full((num_slots, slots), -1, np.int32)
+    ids = np.full((num_slots, slots), -1, np.int32)
     slot = np.zeros(n, np.int32)
     window_of = np.full(n, -1)
+    fill = np.zeros(num_slots, int)
     pos = 0
     for w, size in enumerate(sizes):
+        s = next(i for i in range(num_slots) if fill[i] + size <= slots)  # first fit
         rows = order[pos:pos + size]
-        tokens[w, :size] = rows
-        slot[rows] = w * slots + np.arange(size)
+        entries = fill[s] + np.arange(size)
+        tokens[s, entries], ids[s, entries] = rows, w
+        slot[rows] = s * slots + entries
         window_of[rows] = w
+        fill[s] += size
         pos += size
     h, d = 2, 16
     q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for _ in range(3))
     same = (window_of[:, None] == window_of[None, :]) & (window_of[:, None] >= 0)
     np.fill_diagonal(same, True)
     ref = dense_reference(q, k, v, same)
-    out = np.asarray(jax.jit(window_attention, static_argnums=5)(q, k, v, tokens, slot, Numerics("float32")))
+    out = np.asarray(jax.jit(window_attention, static_argnums=6)(q, k, v, tokens, ids, slot, Numerics("float32")))
     np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
     assert np.isfinite(out).all()
 

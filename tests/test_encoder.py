@@ -1,0 +1,95 @@
+"""VisionEncoder behaviour that needs no HF reference: validation, buckets, transfers, costs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import qwen_vit_jax as qvj
+from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.model import abstract_model
+
+TINY25 = dataclasses.replace(QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24,
+                             fullatt_block_indexes=(1,))
+TINY2 = dataclasses.replace(QWEN2_VL_2B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=24)
+
+
+def random_params(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    flat = nnx.to_flat_state(nnx.state(abstract_model(cfg)))
+    return {".".join(map(str, p)): rng.standard_normal(v.shape).astype(np.float32) * 0.1 for p, v in flat}
+
+
+@pytest.fixture(scope="module", params=[TINY25, TINY2], ids=["qwen2.5", "qwen2"])
+def enc(request):
+    return qvj.VisionEncoder(request.param, random_params(request.param))
+
+
+def pixels(cfg, grid, seed=0):
+    n = int(np.prod(np.asarray(grid), axis=1).sum())
+    return np.random.default_rng(seed).standard_normal((n, cfg.patch_dim)).astype(np.float32)
+
+
+def test_encode_shape_and_dtype(enc):
+    grid = [[1, 4, 6], [2, 2, 2]]
+    out = enc.encode(pixels(enc.cfg, grid), grid)
+    assert out.shape == ((24 + 8) // 4, enc.cfg.out_dim) and out.dtype == np.float32
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize(
+    "px_shape, grid, match",
+    [
+        ((16, 1176), [[1, 3, 4]], "multiples of spatial_merge_size"),
+        ((16, 1176), [[0, 4, 4]], "row 0"),
+        ((16, 1176), [[1, -4, 4]], "row 0"),
+        ((16, 1176), [1, 4, 4], "grid_thw"),
+        ((16, 1176), [[1, 4, 4, 1]], "grid_thw"),
+        ((20, 1176), [[1, 4, 4]], "sum\\(t\\*h\\*w\\) = 16"),
+        ((16, 1000), [[1, 4, 4]], "expected 1176"),
+        ((16,), [[1, 4, 4]], "2-D"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(enc, px_shape, grid, match):
+    with pytest.raises(ValueError, match=match):
+        enc.encode(np.zeros(px_shape, np.float32), grid)
+
+
+def test_same_bucket_compiles_once(enc):
+    a, b = [[1, 8, 10]], [[1, 10, 8]]
+    enc.encode(pixels(enc.cfg, a), a)
+    count = enc.compile_count
+    enc.encode(pixels(enc.cfg, b), b)  # same bucket
+    enc.encode(pixels(enc.cfg, a, seed=1), a)
+    assert enc.compile_count == count
+    assert enc.warmup([a])[0] in enc.compile_seconds
+
+
+def test_no_implicit_transfers(enc):
+    """Pixels and plan go to the device by one explicit device_put; nothing implicit inside."""
+    grid = [[1, 6, 6], [3, 4, 4]]
+    px = pixels(enc.cfg, grid)
+    enc.encode(px, grid)  # compile outside the guard
+    with jax.transfer_guard("disallow"):
+        out = enc.encode(px, grid)
+    assert out.shape[0] == (36 + 48) // 4
+
+
+def test_unknown_dtype_rejected():
+    with pytest.raises(ValueError, match="dtype"):
+        qvj.VisionEncoder(TINY2, random_params(TINY2), dtype="float16")
+
+
+def test_params_must_match_model():
+    params = random_params(TINY2)
+    params.pop("merger.fc2.bias")
+    with pytest.raises(ValueError, match="merger.fc2.bias"):
+        qvj.VisionEncoder(TINY2, params)
+    params = random_params(TINY2)
+    params["blocks.attn.qkv.kernel"] = params["blocks.attn.qkv.kernel"][:, :, :10]
+    with pytest.raises(ValueError, match="blocks.attn.qkv.kernel"):
+        qvj.VisionEncoder(TINY2, params)
