@@ -93,3 +93,19 @@ def test_params_must_match_model():
     params["blocks.attn.qkv.kernel"] = params["blocks.attn.qkv.kernel"][:, :, :10]
     with pytest.raises(ValueError, match="blocks.attn.qkv.kernel"):
         qvj.VisionEncoder(TINY2, params)
+
+
+def test_cost_report(enc):
+    exact = enc.cost_report([[1, 8, 8]])  # 64 patches: a rung, nothing padded
+    assert exact["buckets"][0]["patches"] == 64 and exact["padded_patches"] == 64
+    assert 1.0 <= exact["flops_ratio"] < 1.5
+    padded = enc.cost_report([[1, 10, 10]])  # 100 patches -> the 128 rung
+    assert padded["padded_patches"] == 128
+    assert padded["flops_ratio"] > exact["flops_ratio"]
+    assert padded["ideal_flops"] > exact["ideal_flops"]
+
+
+def test_temp_memory_grows_linearly(enc):
+    """No [N, N] buffer: 4x the patches must cost about 4x the temp memory, not 16x."""
+    temps = [enc.cost_report(g)["temp_bytes"] for g in ([[1, 32, 32]], [[1, 32, 64]], [[1, 64, 64]])]
+    assert temps[1] < 2.5 * temps[0] and temps[2] < 2.5 * temps[1], temps
