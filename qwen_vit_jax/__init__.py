@@ -6,16 +6,34 @@
     emb = enc.encode(pixel_values, grid_thw)      # [N // 4, out_dim]
     embs = enc.encode_images(images)              # one [tokens, out_dim] array per image
     pv, thw = qvj.preprocess_images(images)
+
+Names load on first use (PEP 562), so `import qwen_vit_jax` and the CLI's --help do not pay
+for importing jax, flax and numba.
 """
 
-from qwen_vit_jax.config import PRESETS, VisionConfig
-from qwen_vit_jax.convert import convert_checkpoint
-from qwen_vit_jax.encoder import VisionEncoder
-from qwen_vit_jax.plan import Bucket, BucketPolicy
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
+import importlib
 
-__all__ = [
-    "Bucket", "BucketPolicy", "PRESETS", "PreprocessConfig", "VisionConfig", "VisionEncoder",
-    "convert_checkpoint", "preprocess_images", "preprocess_video",
-]
+_EXPORTS = {
+    "PRESETS": "config",
+    "VisionConfig": "config",
+    "convert_checkpoint": "convert",
+    "VisionEncoder": "encoder",
+    "Bucket": "plan",
+    "BucketPolicy": "plan",
+    "PreprocessConfig": "preprocess",
+    "preprocess_images": "preprocess",
+    "preprocess_video": "preprocess",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'qwen_vit_jax' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f"qwen_vit_jax.{_EXPORTS[name]}"), name)
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

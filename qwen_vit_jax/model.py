@@ -27,6 +27,8 @@ from flax import nnx
 from qwen_vit_jax.attention import Numerics, segment_attention, window_attention
 from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
 
+MIN_DOT_ROWS = 64  # see PatchMerger
+
 # ---- helpers -----------------------------------------------------------------------------
 
 
@@ -204,7 +206,11 @@ class PatchMerger(nnx.Module):
     def __call__(self, x):
         n, d = x.shape
         x = self.norm(x).reshape(n // self.merge_unit, self.merge_unit * d)  # [N, D] -> [N/4, 4D]
-        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))  # [N/4, out_dim]
+        # XLA's CPU dot sums in another order below ~60 rows; padding small buckets to 64 merged
+        # rows keeps every token's result independent of the bucket it landed in.
+        rows = max(n // self.merge_unit, MIN_DOT_ROWS)
+        x = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))  # [rows, 4D]
+        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))[: n // self.merge_unit]  # [N/4, out_dim]
 
 
 # ---- the tower ---------------------------------------------------------------------------

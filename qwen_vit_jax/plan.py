@@ -310,8 +310,11 @@ class BucketPolicy:
     """How real sizes round up to bucket sizes.
 
     The N_pad ladder is geometric with `per_octave` rungs per doubling: 2^k * (1 + j / per_octave),
-    j = 0 .. per_octave - 1, rounded up to a multiple of 4, from `min_patches` up (default: 16, 24,
-    32, 48, 64, 96, 128, 192, ...). A rung of N_pad rows is cut into ceil(N_pad / block) equal
+    j = 0 .. per_octave - 1, rounded up to a multiple of 4, from `min_patches` up (default: 64, 96,
+    128, 192, 256, ...). The default `min_patches` is 64, not smaller, for exactness: XLA's CPU dot
+    takes another kernel (another summation order) below ~60 rows, so a tiny image in a tiny
+    bucket would differ (~1e-6) from the same image in a larger one; from 64 rows up every row's
+    result is bitwise independent of the row count. A rung of N_pad rows is cut into ceil(N_pad / block) equal
     blocks of a multiple of 4 rows (merge units never straddle a block); a rung for which that does
     not divide is snapped up to the next size that does. Coarse on purpose: every distinct rung is
     a compiled program, and the mean padding of a ratio-r ladder is only ~(r - 1) / 2.
@@ -321,7 +324,7 @@ class BucketPolicy:
 
     block: int = 128
     per_octave: int = 2
-    min_patches: int = 16
+    min_patches: int = 64
     max_patches: int = 16384
 
     def __post_init__(self):

@@ -96,11 +96,11 @@ def test_params_must_match_model():
 
 
 def test_cost_report(enc):
-    exact = enc.cost_report([[1, 8, 8]])  # 64 patches: a rung, nothing padded
-    assert exact["buckets"][0]["patches"] == 64 and exact["padded_patches"] == 64
+    exact = enc.cost_report([[1, 16, 16]])  # 256 patches: a rung, nothing padded
+    assert exact["buckets"][0]["patches"] == 256 and exact["padded_patches"] == 256
     assert 1.0 <= exact["flops_ratio"] < 1.5
-    padded = enc.cost_report([[1, 10, 10]])  # 100 patches -> the 128 rung
-    assert padded["padded_patches"] == 128
+    padded = enc.cost_report([[1, 16, 18]])  # 288 patches -> the 384 rung
+    assert padded["padded_patches"] == 384
     assert padded["flops_ratio"] > exact["flops_ratio"]
     assert padded["ideal_flops"] > exact["ideal_flops"]
 

@@ -314,12 +314,13 @@ def test_ladder(policy):
 
 
 def test_ladder_values():
-    assert BucketPolicy().rungs(20000) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+    assert BucketPolicy().rungs(20000) == [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
                                            2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576]
-    blocks = [BucketPolicy().block_size(r) for r in (16, 96, 128, 192, 384, 1536)]
+    assert BucketPolicy(min_patches=16).rungs(64) == [16, 24, 32, 48, 64]
+    blocks = [BucketPolicy(min_patches=16).block_size(r) for r in (16, 96, 128, 192, 384, 1536)]
     assert blocks == [16, 96, 128, 96, 128, 128]
-    assert BucketPolicy(per_octave=1).rungs(3000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-    four = BucketPolicy(per_octave=4).rungs(700)
+    assert BucketPolicy(per_octave=1, min_patches=16).rungs(3000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    four = BucketPolicy(per_octave=4, min_patches=16).rungs(700)
     assert four[:13] == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128]
     assert four[13:] == [160, 192, 224, 256, 324, 384, 448, 512, 640, 768]  # 320 = 3 blocks of 106.7: snapped
     assert BucketPolicy().rung(2**30) >= 2**30  # every valid grid has a rung
