@@ -1,0 +1,709 @@
+"""`qwen-vit-jax`: convert | encode | verify | bench | demo.
+
+    qwen-vit-jax demo                                    # random weights, no download, < 2 min
+    qwen-vit-jax convert ~/Qwen2.5-VL-3B-Instruct q3b    # HF checkpoint -> our params
+    qwen-vit-jax verify ~/Qwen2.5-VL-3B-Instruct q3b     # vs HF transformers (needs torch)
+    qwen-vit-jax encode q3b photos/ -o photos.safetensors
+    qwen-vit-jax bench q3b --sizes 16x16,36x36
+
+Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
+(1; 2 for bad usage and for `verify` without torch / transformers), never a traceback for a bad
+path or input. This module imports jax, torch and the model code only inside the commands that
+need them (`verify` alone needs torch and transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+PROG = "qwen-vit-jax"
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm",
+                            ".pgm", ".pbm", ".pnm", ".tga", ".jfif"})
+EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = "qwen_vit_jax.embeddings", 1
+SAVE_EVERY_S = 600.0  # encode rewrites OUT with the images done so far at most this often
+
+
+class CommandError(Exception):
+    """A failure to report as `error: <message>` with exit status 1."""
+
+
+def _error(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+
+
+# ---- the embeddings file (encode's output) ------------------------------------------------------
+ENCODE_LAYOUT = """\
+output layout (.safetensors or .npz, chosen by OUT's extension), k images, T tokens in all:
+  embeddings  float32 [T, D]   every image's merged tokens, images concatenated in input order
+  grid_thw    int64   [k, 3]   (t, h, w) patch grid of each image (t = 1)
+  offsets     int64   [k + 1]  image i is embeddings[offsets[i]:offsets[i+1]]
+                               ((h / 2) * (w / 2) tokens in raster order over the merged grid)
+  names       the source path of each image, as given on the command line (a folder joined
+              with the file name): .npz an array `names` [k] of str; .safetensors the JSON
+              list in the header metadata under "names"
+  metadata    format, version, checkpoint, dtype and preprocessing settings: .npz a JSON
+              string `metadata`; .safetensors the header metadata
+Read it back with numpy (np.load(OUT)) or safetensors, or qwen_vit_jax.cli.read_embeddings(OUT).
+"""
+
+
+@dataclasses.dataclass
+class Embeddings:
+    """The contents of an embeddings file (see ENCODE_LAYOUT)."""
+
+    embeddings: np.ndarray  # float32 [T, D]
+    grid_thw: np.ndarray  # int64 [k, 3]
+    offsets: np.ndarray  # int64 [k + 1]
+    names: list[str]
+    metadata: dict
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Image i's tokens: [offsets[i+1] - offsets[i], D]."""
+        return self.embeddings[self.offsets[i]:self.offsets[i + 1]]
+
+
+def _suffix(path: pathlib.Path) -> str:
+    s = path.suffix.lower()
+    if s not in (".safetensors", ".npz"):
+        raise CommandError(f"{path}: the output must end in .safetensors or .npz, "
+                           f"got {s or 'no extension'!r}")
+    return s
+
+
+def read_embeddings(path: str | os.PathLike) -> Embeddings:
+    """Read a file written by `qwen-vit-jax encode` (either format), with its layout checked."""
+    from qwen_vit_jax.convert import _SafetensorsFile
+
+    path = pathlib.Path(path)
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(str(arrays.pop("metadata")))
+            names = [str(n) for n in arrays.pop("names")]
+        else:
+            f = _SafetensorsFile(path)
+            arrays = {k: np.array(f.get(k)) for k in f.entries}  # copies: the file may be replaced later
+            meta = dict(f.metadata)
+            names = json.loads(meta.pop("names"))
+            meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
+        e = Embeddings(arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta)
+    except (KeyError, ValueError, TypeError, OSError) as err:  # OSError: a corrupt zip
+        raise CommandError(f"{path}: not an embeddings file written by `{PROG} encode` ({err!r})") from None
+    k = len(e.names)
+    ok = (meta.get("format") == EMBEDDINGS_FORMAT and meta.get("version") == EMBEDDINGS_VERSION
+          and e.embeddings.ndim == 2 and e.grid_thw.shape == (k, 3) and e.offsets.shape == (k + 1,)
+          and e.offsets[0] == 0 and e.offsets[-1] == len(e.embeddings) and np.all(np.diff(e.offsets) >= 0))
+    if not ok:
+        raise CommandError(f"{path}: not a version-{EMBEDDINGS_VERSION} embeddings file written by "
+                           f"`{PROG} encode`, or its arrays are inconsistent")
+    return e
+
+
+def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
+    """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
+    from qwen_vit_jax.convert import write_safetensors
+
+    path = pathlib.Path(path)
+    suffix = _suffix(path)
+    arrays = {"embeddings": np.asarray(e.embeddings, np.float32),
+              "grid_thw": np.asarray(e.grid_thw, np.int64), "offsets": np.asarray(e.offsets, np.int64)}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if suffix == ".npz":
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays, names=np.array(e.names, dtype=str),
+                         metadata=np.array(json.dumps(e.metadata)))
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            os.close(fd)
+            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in e.metadata.items()}
+            write_safetensors(tmp, arrays, dict(meta, names=json.dumps(e.names)))
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- encode ---------------------------------------------------------------------------------------
+class Progress:
+    """A one-line progress bar on stderr: done / total, rate, ETA. Redrawn in place on a terminal;
+    elsewhere (a log, a pipe) a line at most every 10 s and a final one."""
+
+    def __init__(self, total: int, unit: str = "images", stream=None):
+        self.total, self.unit, self.done = total, unit, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.t0 = self.last = time.perf_counter()
+        self.shown = -1  # the count last drawn
+
+    def update_to(self, done: int) -> None:
+        """Set the count of finished items to `done`."""
+        self.done = done
+        now = time.perf_counter()
+        due = now - self.last >= (0.1 if self.tty else 10.0) or done >= self.total
+        if due and done != self.shown:
+            self.last, self.shown = now, done
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = max(now - self.t0, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * round(24 * frac) + "." * (24 - round(24 * frac))
+        line = (f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  "
+                f"{elapsed:.0f}s elapsed" + (f", ~{eta:.0f}s left" if self.done < self.total else ""))
+        self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def find_images(inputs: Iterable[str], recursive: bool = False) -> list[str]:
+    """Files as given, folders expanded to their image files (sorted by name, hidden files and
+    non-image suffixes skipped; sub-folders only with `recursive`). Duplicates are dropped."""
+    found: list[str] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            if recursive:
+                for root, dirs, files in os.walk(item):
+                    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                    found += [os.path.join(root, f) for f in sorted(files) if _is_image_name(f)]
+            else:
+                found += sorted(os.path.join(item, e.name) for e in os.scandir(item)
+                                if e.is_file() and _is_image_name(e.name))
+        elif os.path.isfile(item):
+            found.append(item)
+        else:
+            raise CommandError(f"input not found: {item}")
+    return list(dict.fromkeys(os.path.normpath(p) for p in found))
+
+
+def _is_image_name(name: str) -> bool:
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
+
+
+def load_image(path: str):
+    """Decode an image file fully, EXIF orientation applied (as HF's `load_image` does). Colour
+    conversion (palette, grey, alpha onto white) is left to preprocessing."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        im.load()
+        return ImageOps.exif_transpose(im)
+
+
+def _batches(paths: list[str], preprocess, batch_patches: int,
+             failed: list[tuple[str, str]]) -> Iterator[list]:
+    """Load and preprocess `paths` in order, yielding lists of (name, pixel_values, grid_thw) of at
+    most `batch_patches` patches (an image larger than that alone). A file that cannot be read or
+    preprocessed is recorded in `failed` as (path, reason) and skipped."""
+    from qwen_vit_jax.preprocess import preprocess_images
+
+    batch, size = [], 0
+    for path in paths:
+        try:
+            pv, grid = preprocess_images([load_image(path)], config=preprocess)
+        except Exception as e:  # noqa: BLE001 (any decoder / preprocessing failure: name the file, go on)
+            failed.append((path, f"{type(e).__name__}: {e}"))
+            continue
+        if batch and size + len(pv) > batch_patches:
+            yield batch
+            batch, size = [], 0
+        batch.append((path, pv, grid))
+        size += len(pv)
+    if batch:
+        yield batch
+
+
+def _prefetch(it: Iterator, depth: int = 2) -> Iterator:
+    """Run `it` in a background thread, `depth` items ahead: image decoding and resizing (PIL and
+    numpy release the GIL) overlap the device's work on the previous batch. Closing the returned
+    generator (or an error in the consumer) stops the thread."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def work():
+        try:
+            for x in it:
+                if not put((x, None)):
+                    return
+        except BaseException as e:  # noqa: BLE001 (re-raised in the consumer)
+            put((None, e))
+            return
+        put((end, None))
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while True:
+            x, err = q.get()
+            if err is not None:
+                raise err
+            if x is end:
+                return
+            yield x
+    finally:
+        stop.set()
+        thread.join()
+
+
+def cmd_encode(args) -> int:
+    out = pathlib.Path(args.output)
+    _suffix(out)
+    if not out.parent.is_dir():
+        raise CommandError(f"output folder not found: {out.parent}")
+    if out.exists() and not (args.resume or args.overwrite):
+        raise CommandError(f"{out} exists: --resume adds the missing inputs to it, --overwrite replaces it")
+    paths = find_images(args.inputs, args.recursive)
+    if not paths:
+        raise CommandError("no input images found (folders are searched for "
+                           f"{', '.join(sorted(IMAGE_SUFFIXES))}; --recursive for sub-folders)")
+    if args.batch_patches is not None and args.batch_patches <= 0:
+        raise CommandError(f"--batch-patches must be positive, got {args.batch_patches}")
+
+    enc = _load_encoder(args.checkpoint, args.dtype)
+    limits = (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
+    over = {k: v for k, v in limits if v is not None}
+    preprocess = dataclasses.replace(enc.preprocess, **over)
+    meta = {"format": EMBEDDINGS_FORMAT, "version": EMBEDDINGS_VERSION,
+            "checkpoint": str(pathlib.Path(args.checkpoint).resolve()), "dtype": enc.dtype,
+            "preprocess": preprocess.to_dict()}
+
+    old = None
+    if args.resume and out.exists():
+        old = read_embeddings(out)
+        for key in ("checkpoint", "dtype", "preprocess"):
+            if old.metadata.get(key) != meta[key]:
+                raise CommandError(f"--resume: {out} was written with {key} {old.metadata.get(key)!r}, "
+                                   f"this run uses {meta[key]!r}; mixing them in one file would be "
+                                   "silently wrong")
+        done = set(old.names)
+        todo = [p for p in paths if p not in done]
+        print(f"resume: {len(paths) - len(todo)} of {len(paths)} inputs already in {out}", file=sys.stderr)
+        if not todo:
+            print(f"nothing to do: {out} holds all {len(paths)} inputs")
+            return 0
+        paths = todo
+
+    failed: list[tuple[str, str]] = []
+    names: list[str] = []
+    grids: list[np.ndarray] = []  # [1, 3] each
+    embs: list[np.ndarray] = []  # [tokens, D] each
+
+    def save() -> None:
+        """Write what is done so far (old file + new images) to OUT, atomically."""
+        lengths = [len(e) for e in embs]
+        parts = (names, grids, embs) if old is None else (
+            old.names + names, [old.grid_thw, *grids], [old.embeddings, *embs])
+        if old is not None:
+            lengths = [*np.diff(old.offsets).tolist(), *lengths]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        write_embeddings(out, Embeddings(np.concatenate(parts[2]), np.concatenate(parts[1]), offsets,
+                                         list(parts[0]), meta))
+
+    batch_patches = args.batch_patches or enc.max_batch_patches
+    t0 = last_save = time.perf_counter()
+    progress = Progress(len(paths))
+    batches = _prefetch(_batches(paths, preprocess, batch_patches, failed))
+    try:
+        for batch in batches:
+            grid = np.concatenate([g for _, _, g in batch])
+            emb = enc.encode(np.concatenate([pv for _, pv, _ in batch]), grid)
+            cuts = np.cumsum([len(pv) // enc.cfg.merge_unit for _, pv, _ in batch])[:-1]
+            embs += np.split(emb, cuts)
+            grids += [g[None] for g in grid]
+            names += [name for name, _, _ in batch]
+            progress.update_to(len(names) + len(failed))  # failures are counted as processed
+            if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
+                save()
+                last_save = time.perf_counter()
+        progress.update_to(len(names) + len(failed))  # failures after the last batch
+    except KeyboardInterrupt:
+        if names:
+            save()
+            raise CommandError(f"interrupted: {len(names)} new images written to {out}; "
+                               "the same command with --resume continues") from None
+        raise
+    finally:
+        batches.close()
+        progress.close()
+    seconds = time.perf_counter() - t0
+    for path, reason in failed:
+        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+    if not names:
+        raise CommandError(f"none of the {len(paths)} inputs could be read; nothing written")
+    save()
+    total = len(names) + (0 if old is None else len(old.names))
+    print(f"encoded {len(names)} images ({sum(len(e) for e in embs):,} tokens x {enc.cfg.out_dim}) in "
+          f"{seconds:.1f} s ({len(names) / seconds:.1f} images/s; {enc.compile_count} program(s) compiled in "
+          f"{sum(enc.compile_seconds.values()):.1f} s) -> {out} ({total} images)")
+    if failed:
+        raise CommandError(f"{len(failed)} of {len(paths)} inputs could not be read (listed above); "
+                           f"{out} holds the others: fix or remove them and rerun with --resume")
+    return 0
+
+
+def _load_encoder(checkpoint: str, dtype: str):
+    """VisionEncoder.from_pretrained with a hint when handed an unconverted HF checkpoint."""
+    from qwen_vit_jax.convert import PARAMS_FILE
+    from qwen_vit_jax.encoder import VisionEncoder
+
+    ckpt = pathlib.Path(checkpoint)
+    if ckpt.is_dir() and not (ckpt / PARAMS_FILE).exists() and any(ckpt.glob("model*.safetensors*")):
+        raise CommandError(f"{ckpt} looks like an HF checkpoint; convert it first: "
+                           f"{PROG} convert {ckpt} OUT_DIR")
+    return VisionEncoder.from_pretrained(ckpt, dtype=dtype)
+
+
+# ---- verify ---------------------------------------------------------------------------------------
+VERIFY_CASES = (  # (description, grid_thw): windows that divide evenly, edge windows, a video
+    ("image 16x16", [[1, 16, 16]]),
+    ("images 10x14 + 4x6 (edge windows)", [[1, 10, 14], [1, 4, 6]]),
+    ("video 3x12x20", [[3, 12, 20]]),
+)
+
+
+def _hf_vision_tower(hf_dir: pathlib.Path):
+    """HF's own vision tower for `hf_dir`, float32, eval mode, with the checkpoint's vision weights
+    loaded strictly (every key, every shape). Only the vision tensors are read (with safetensors'
+    own torch reader, independent of ours): a 7B checkpoint's language model is never loaded."""
+    from safetensors import safe_open
+
+    from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+    from qwen_vit_jax.convert import _locate, _vision_prefix
+
+    variant = VisionConfig.from_hf(hf_dir).variant
+    if variant == QWEN2_5_VL:
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
+        full_cls, vision_cls, model_cls = (hf.Qwen2_5_VLConfig, hf.Qwen2_5_VLVisionConfig,
+                                           hf.Qwen2_5_VisionTransformerPretrainedModel)
+    else:
+        from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
+        full_cls, vision_cls, model_cls = (hf.Qwen2VLConfig, hf.Qwen2VLVisionConfig,
+                                           hf.Qwen2VisionTransformerPretrainedModel)
+    raw = json.loads((hf_dir / "config.json").read_text())
+    if "vision_config" in raw:  # a full VL config, hub (4.4x) or 5.x layout: HF's own class reads both
+        config = full_cls.from_pretrained(hf_dir).vision_config
+    else:
+        config = vision_cls.from_dict(raw)
+    model = model_cls._from_config(config).float().eval()
+
+    where, _ = _locate(hf_dir)
+    prefix = _vision_prefix(where, hf_dir)
+    state = {}
+    for path in sorted({p for k, p in where.items() if k.startswith(prefix)}):
+        with safe_open(path, framework="pt") as f:
+            names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (safe_open: no __iter__)
+            state.update({k[len(prefix):]: f.get_tensor(k) for k in names})
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _compare(ours: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """Error measures of `ours` [T, D] against `ref` [T, D]."""
+    diff = ours.astype(np.float64) - ref
+    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
+    return {"max_abs": float(np.abs(diff).max()), "max_rel": float(np.abs(diff).max() / np.abs(ref).max()),
+            "rel": float(np.linalg.norm(diff) / np.linalg.norm(ref)), "min_cos": float(cos.min())}
+
+
+def _passes(m: dict[str, float], dtype: str) -> bool:
+    """DESIGN.md's bars: float32 rel <= 1e-5 and max abs <= 1e-4 max|ref|; bf16 cos >= 0.999, rel <= 2e-2."""
+    if dtype == "float32":
+        return m["rel"] <= 1e-5 and m["max_rel"] <= 1e-4
+    return m["min_cos"] >= 0.999 and m["rel"] <= 2e-2
+
+
+def cmd_verify(args) -> int:
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        _error(f"verify runs HF transformers as the reference and needs torch and transformers "
+               f"({e}); install them, e.g. pip install 'qwen_vit_jax[test]'")
+        return 2
+    from qwen_vit_jax.config import VisionConfig
+    from qwen_vit_jax.convert import convert_checkpoint
+
+    hf_dir = pathlib.Path(args.hf_dir)
+    if not hf_dir.is_dir():
+        raise FileNotFoundError(f"HF checkpoint directory not found: {hf_dir}")
+    cfg = VisionConfig.from_hf(hf_dir)
+    with tempfile.TemporaryDirectory(prefix="qwen_vit_jax_verify_") as tmp:
+        if args.checkpoint is None:
+            t0 = time.perf_counter()
+            ckpt = convert_checkpoint(hf_dir, pathlib.Path(tmp) / "converted")
+            print(f"converted {hf_dir} in {time.perf_counter() - t0:.1f} s (temporary)")
+        else:
+            ckpt = pathlib.Path(args.checkpoint)
+        dtypes = ["float32"] + (["bfloat16"] if args.bf16 else [])
+        encoders = {d: _load_encoder(ckpt, d) for d in dtypes}
+        if encoders["float32"].cfg != cfg:
+            raise CommandError(f"{ckpt} holds a different tower than {hf_dir}: "
+                               f"{encoders['float32'].cfg} vs {cfg}")
+        t0 = time.perf_counter()
+        hf = _hf_vision_tower(hf_dir)
+        print(f"{cfg.variant} vision tower: depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}; "
+              f"reference: HF transformers {transformers.__version__} float32 "
+              f"(loaded in {time.perf_counter() - t0:.1f} s)")
+        print(f"{'dtype':<9} {'case':<34} {'tokens':>6} {'max abs':>9} {'/max|ref|':>9} {'rel err':>9} "
+              f"{'min cos':>9}  result")
+        # All cases in one call on each side (one compiled program per dtype; a mixed batch also
+        # exercises packing), then compared case by case.
+        grids = [np.asarray(g, np.int64) for _, g in VERIFY_CASES]
+        grid = np.concatenate(grids)
+        pixels = np.random.default_rng(args.seed).standard_normal(
+            (int(np.prod(grid, axis=1).sum()), cfg.patch_dim), dtype=np.float32)
+        with torch.no_grad():
+            out = hf(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid))
+        ref = getattr(out, "pooler_output", out).float().numpy()  # transformers 4.x returns the tensor
+        cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
+        ok = True
+        for dtype, enc in encoders.items():
+            for (name, _), ours, expected in zip(VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts),
+                                                 np.split(ref, cuts)):
+                m = _compare(ours, expected)
+                good = _passes(m, dtype)
+                ok &= good
+                print(f"{dtype:<9} {name:<34} {len(expected):>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
+                      f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}")
+    print("bars: float32 rel err <= 1e-5 and max abs <= 1e-4 * max|ref|"
+          + ("; bfloat16 min cos >= 0.999 and rel err <= 2e-2" if args.bf16 else ""))
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+# ---- bench ----------------------------------------------------------------------------------------
+def parse_sizes(text: str) -> list[tuple[int, int, int]]:
+    """"16x16,2x36x36" -> [(1, 16, 16), (2, 36, 36)]: HxW (an image) or TxHxW (a video), in patches."""
+    sizes = []
+    for item in text.split(","):
+        try:
+            dims = [int(v) for v in item.strip().lower().split("x")]
+        except ValueError:
+            dims = []
+        if len(dims) not in (2, 3) or min(dims) <= 0:
+            raise CommandError(f"--sizes: {item.strip()!r} is not HxW or TxHxW in patches "
+                               "(e.g. 16x16, 2x36x36)")
+        sizes.append(tuple(dims) if len(dims) == 3 else (1, *dims))
+    return sizes
+
+
+def cmd_bench(args) -> int:
+    sizes = parse_sizes(args.sizes)
+    if args.repeats <= 0:
+        raise CommandError(f"--repeats must be positive, got {args.repeats}")
+    enc = _load_encoder(args.checkpoint, args.dtype)
+    cfg = enc.cfg
+    print(f"{cfg.variant} depth {cfg.depth} width {cfg.width}, {enc.dtype}, on {enc.device.platform}, "
+          f"median of {args.repeats}")
+    print(f"{'size':>10} {'patches':>8} {'bucket':>7} {'compile s':>10} {'median s':>9} {'patches/s':>10}")
+    rng = np.random.default_rng(0)
+    for t, h, w in sizes:
+        grid = np.array([[t, h, w]])
+        pixels = rng.standard_normal((t * h * w, cfg.patch_dim), dtype=np.float32)
+        t0 = time.perf_counter()
+        buckets = enc.warmup([grid])  # also validates the grid (h, w even); a huge grid may span several
+        compile_s = time.perf_counter() - t0
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            enc.encode(pixels, grid)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        label = f"{h}x{w}" if t == 1 else f"{t}x{h}x{w}"
+        rows = "+".join(str(b.patches) for b in buckets)
+        print(f"{label:>10} {t * h * w:>8} {rows:>7} {compile_s:>10.2f} {med:>9.4f} "
+              f"{t * h * w / med:>10,.0f}")
+    return 0
+
+
+# ---- demo / convert -------------------------------------------------------------------------------
+def cmd_demo(args) -> int:
+    from qwen_vit_jax.demo import run_demo
+
+    t0 = time.perf_counter()
+    run_demo(args.size, args.cache_dir, args.out)
+    print(f"demo finished in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+# ---- the parser -----------------------------------------------------------------------------------
+ENCODE_HELP = f"""\
+Encode image files (or folders of them) with a converted checkpoint and write every image's
+merged-token embeddings to one file, atomically (a temporary file renamed into place).
+Preprocessing follows the checkpoint's preprocessor_config.json (HF's defaults without one),
+with EXIF orientation applied.
+
+{ENCODE_LAYOUT}
+unreadable inputs: a file that cannot be decoded or preprocessed is skipped with a warning
+naming it; the others are encoded and written, and the exit status is 1. Fix or remove the
+file, then rerun the same command with --resume to add it.
+
+interruptions: OUT is rewritten with the images done so far every 10 minutes and on Ctrl-C;
+the same command with --resume continues from there. The embeddings are held in memory until
+written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's D = 2048), so
+encode very large collections into several files.
+"""
+
+VERIFY_HELP = """\
+Run HF transformers' vision tower (float32, weights read from HF_DIR) and ours on the same
+random pixel inputs (an image whose sides divide into windows, two images with edge windows,
+a 3-frame video) and print, per case, the max abs error, relative Frobenius error and minimum
+per-token cosine similarity, against DESIGN.md's bars:
+  float32:  rel err <= 1e-5 and max abs <= 1e-4 * max|ref|
+  bfloat16: min cos >= 0.999 and rel err <= 2e-2       (--bf16; still vs HF float32)
+Only the vision tensors are read: a 7B checkpoint's language model is never loaded.
+Exit status: 0 if every case passes, 1 if one fails, 2 without torch / transformers.
+"""
+
+BENCH_HELP = """\
+Time the forward of a converted checkpoint on random inputs. Per size: the compile time of
+its bucket's program, and the median wall time of --repeats calls (host planning, transfer,
+compute and fetch; no image preprocessing).
+"""
+
+DEMO_HELP = """\
+No download: write a random-weight checkpoint in the real HF layout (cached), convert it with
+the real converter, preprocess a few generated images, encode them twice (compile, then a warm
+call), print shapes, timings and compile counts, and save a picture: each image next to the
+first three principal components of its tokens as RGB.
+  tiny: a 4-block Qwen2.5-VL tower in float32; well under a minute on 2 CPU cores
+  3b:   the Qwen2.5-VL-3B tower, random bfloat16 weights (1.3 GB on disk), run in bfloat16
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(
+        prog=PROG, formatter_class=fmt,
+        description="The Qwen2-VL / Qwen2.5-VL vision tower in JAX: convert HF checkpoints, encode\n"
+                    "images, check against HF transformers, benchmark, and a no-download demo.",
+        epilog=f"Start with `{PROG} demo`. `{PROG} COMMAND --help` explains each command.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    sub.add_parser("convert", add_help=False, help="HF checkpoint -> qwen_vit_jax params (HF_DIR OUT_DIR)")
+
+    p = sub.add_parser("encode", formatter_class=fmt, help="images -> embeddings file (.safetensors / .npz)",
+                       description=ENCODE_HELP,
+                       epilog=f"example: {PROG} encode q3b photos/ extra.jpg -o photos.safetensors "
+                              "--max-pixels 1003520")
+    p.add_argument("checkpoint", metavar="CKPT", help="converted checkpoint directory (from `convert`)")
+    p.add_argument("inputs", metavar="INPUT", nargs="+",
+                   help="image files, or folders: their image files (" + " ".join(sorted(IMAGE_SUFFIXES))
+                   + "), sorted by name")
+    p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file, .safetensors or .npz")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="compute dtype (default float32, exact vs HF; bfloat16 is ~2x faster on CPUs "
+                        "with bf16)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true",
+                      help="if OUT exists, skip the inputs it already holds (by name) and write OUT again "
+                           "with the new ones appended; the checkpoint, dtype and pixel limits must match")
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
+    p.add_argument("--batch-patches", type=int, metavar="N",
+                   help="most patches per forward call (default: the encoder's, 16384); larger batches "
+                        "amortise per-call costs, smaller ones use less memory")
+    p.add_argument("--min-pixels", type=int, metavar="N", help="override the preprocessing min_pixels")
+    p.add_argument("--max-pixels", type=int, metavar="N",
+                   help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full "
+                        "size: ~16k patches)")
+
+    p = sub.add_parser("verify", formatter_class=fmt, help="compare with HF transformers on random inputs "
+                       "(needs torch)", description=VERIFY_HELP,
+                       epilog=f"example: {PROG} verify ~/Qwen2.5-VL-3B-Instruct q3b --bf16")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("checkpoint", metavar="CKPT", nargs="?",
+                   help="our converted checkpoint of it (default: convert HF_DIR into a temporary folder)")
+    p.add_argument("--bf16", action="store_true", help="also check our bfloat16 mode")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+
+    p = sub.add_parser("bench", formatter_class=fmt, help="forward benchmark over a few sizes",
+                       description=BENCH_HELP,
+                       epilog=f"example: {PROG} bench q3b --sizes 16x16,36x36,2x24x24 --dtype bfloat16")
+    p.add_argument("checkpoint", metavar="CKPT", help="converted checkpoint directory")
+    p.add_argument("--sizes", default="16x16,36x36",
+                   help="comma-separated grids in patches: HxW (an image) or TxHxW (a video); H and W even "
+                        "(default 16x16,36x36; 36x36 patches is a 504x504-pixel image)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per size (default 3)")
+
+    p = sub.add_parser("demo", formatter_class=fmt, help="random-weight end-to-end demo, no download",
+                       description=DEMO_HELP, epilog=f"example: {PROG} demo --size tiny --out demo.png")
+    p.add_argument("--size", choices=("tiny", "3b"), default="tiny", help="tower size (default tiny)")
+    p.add_argument("--out", default="qwen_vit_jax_demo.png",
+                   help="the PNG to write (default ./qwen_vit_jax_demo.png)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where checkpoints are kept (default $QWEN_VIT_JAX_CACHE, else "
+                        "~/.cache/qwen_vit_jax)")
+    return ap
+
+
+COMMANDS = {"encode": cmd_encode, "verify": cmd_verify, "bench": cmd_bench, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv[:1] == ["convert"]:  # convert.py owns that parser (also behind convert_weights.py)
+            from qwen_vit_jax.convert import main as convert_main
+
+            return convert_main(argv[1:], prog=f"{PROG} convert")
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help(sys.stderr)
+            return 2
+        return COMMANDS[args.command](args)
+    except SystemExit as e:  # argparse: --help (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else 1
+    except CommandError as e:
+        _error(str(e))
+        return 1
+    except (OSError, ValueError) as e:  # missing files, bad checkpoints (CheckpointError), bad inputs
+        _error(str(e))
+        return 1
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

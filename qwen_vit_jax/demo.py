@@ -1,0 +1,362 @@
+"""The demo: random-weight checkpoint in the real HF layout -> convert -> encode -> PCA picture.
+
+No download and no torch: `write_random_hf_checkpoint` writes what `save_pretrained` of a
+Qwen2-VL / Qwen2.5-VL model would (config.json in the transformers 5.x layout, `visual.*`
+tensors in HF shapes in model.safetensors, the hub's preprocessor_config.json), so the real
+converter, loader and preprocessing run on it unchanged. The weights are random, so the PCA
+picture shows how the tower's features follow the input's local structure, not semantics.
+
+    python -m qwen_vit_jax.cli demo            # or: qwen-vit-jax demo [--size 3b]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+
+import ml_dtypes
+import numpy as np
+from PIL import Image, ImageDraw
+
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, VisionConfig
+from qwen_vit_jax.convert import RULES, _shape, write_safetensors
+from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
+
+# A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
+# run in seconds on two CPU cores.
+TINY = dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128,
+                           fullatt_block_indexes=(1, 3))
+SIZES = {"tiny": TINY, "3b": QWEN2_5_VL_3B}
+# Random 3B weights are written in bfloat16 (1.3 GB instead of 2.7 GB, like the hub's files) and
+# run in bfloat16, this CPU's fast path; the tiny tower stays float32 (exact mode).
+DEMO_DTYPE = {"tiny": "float32", "3b": "bfloat16"}
+
+# What the Qwen2-VL / Qwen2.5-VL hub repositories ship as preprocessor_config.json.
+HUB_PREPROCESSOR = {
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": list(OPENAI_CLIP_MEAN),
+    "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "Qwen2VLImageProcessor",
+}
+
+# A minimal text model: the HF config classes need one, and with it HF's from_pretrained can
+# build the full VL model from this directory (its text weights then start random).
+_TEXT_CONFIG = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2,
+    "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+}
+
+
+# ---- a random checkpoint in HF's layout ---------------------------------------------------------
+def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
+    """The transformers 5.x `config.json` of a full VL model whose vision tower is `cfg`."""
+    common = {
+        "depth": cfg.depth, "num_heads": cfg.num_heads, "hidden_act": cfg.hidden_act,
+        "patch_size": cfg.patch_size, "temporal_patch_size": cfg.temporal_patch_size,
+        "in_channels": cfg.in_channels, "spatial_merge_size": cfg.spatial_merge_size,
+        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
+    }
+    if cfg.variant == QWEN2_5_VL:
+        top, arch = "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
+        vision = dict(common, model_type="qwen2_5_vl_vision", hidden_size=cfg.width,
+                      out_hidden_size=cfg.out_dim, intermediate_size=cfg.intermediate_size,
+                      window_size=cfg.window_size,
+                      fullatt_block_indexes=list(cfg.fullatt_block_indexes))
+    else:
+        if cfg.intermediate_size % cfg.width:
+            raise ValueError(f"Qwen2-VL stores the MLP width as embed_dim * mlp_ratio: intermediate_size "
+                             f"{cfg.intermediate_size} is not a multiple of width {cfg.width}")
+        top, arch = "qwen2_vl", "Qwen2VLForConditionalGeneration"
+        vision = dict(common, model_type="qwen2_vl_vision", embed_dim=cfg.width, hidden_size=cfg.out_dim,
+                      mlp_ratio=cfg.intermediate_size // cfg.width)
+    return {
+        "architectures": [arch], "model_type": top, "dtype": dtype,
+        "text_config": dict(_TEXT_CONFIG, model_type=f"{top}_text"),
+        "vision_config": vision,
+        "image_token_id": 151655, "video_token_id": 151656,
+        "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    }
+
+
+def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
+    """Every `visual.*` tensor of `cfg`'s tower in HF's shapes, randomly initialised.
+
+    Matrices (and the Conv3d patch embedding) N(0, 1/fan_in), biases 0.02 N(0, 1), norm weights
+    1 + 0.1 N(0, 1): the parity-test init of DESIGN.md, which keeps attention far from uniform.
+    The key set comes from the converter's table (`convert.RULES`), one tensor per rule and block.
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    out_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for rule in RULES:
+        if cfg.variant not in rule.variants:
+            continue
+        shape = _shape(rule.src, cfg)
+        for layer in range(cfg.depth) if rule.per_block else [None]:
+            key = "visual." + rule.hf_key(layer)
+            w = rng.standard_normal(shape, dtype=np.float32)
+            if len(shape) >= 2:  # [out, in, ...]: fan_in is everything after the first axis
+                w *= 1 / math.sqrt(math.prod(shape[1:]))
+            elif key.endswith(".weight"):  # a 1-D weight is a norm scale (norm1/2, merger.ln_q)
+                w = 1 + 0.1 * w
+            else:
+                w *= 0.02
+            tensors[key] = w.astype(out_dtype)
+    return tensors
+
+
+def write_random_hf_checkpoint(cfg: VisionConfig, path: str | os.PathLike, seed: int = 0,
+                               dtype: str = "float32") -> pathlib.Path:
+    """Write an HF-layout checkpoint directory with a random vision tower, atomically.
+
+    Files: config.json (transformers 5.x layout, a minimal text_config), model.safetensors (only
+    `visual.*` tensors, in `dtype`) and preprocessor_config.json (the Qwen hub values). `path` must
+    not exist; it is filled in a temporary sibling and renamed into place.
+    """
+    path = pathlib.Path(path)
+    if os.path.lexists(path):
+        raise FileExistsError(f"{path} exists; not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        write_safetensors(tmp / "model.safetensors", random_hf_tensors(cfg, seed, dtype), {"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
+        (tmp / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR, indent=2) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+# ---- sample images ------------------------------------------------------------------------------
+def sample_images() -> dict[str, Image.Image]:
+    """A few procedurally drawn RGB images of different sizes (deterministic, no licence attached).
+
+    Returns name -> PIL image: "scene" 448x336, "gradient" 320x240, "checkerboard" 224x224,
+    "shapes" 252x392 (portrait).
+    """
+    images = {}
+
+    # A landscape: sky gradient, sun, two mountain ranges, a field and a house.
+    w, h = 448, 336
+    y = np.linspace(0, 1, h)[:, None, None]
+    sky = (1 - y) * np.array([70, 130, 220]) + y * np.array([200, 225, 250])
+    im = Image.fromarray(np.broadcast_to(sky, (h, w, 3)).astype(np.uint8))
+    d = ImageDraw.Draw(im)
+    d.ellipse((330, 40, 390, 100), fill=(255, 210, 60))
+    d.polygon([(0, 230), (90, 120), (170, 200), (260, 100), (370, 210), (448, 150), (448, 336), (0, 336)],
+              fill=(110, 110, 140))
+    d.polygon([(0, 260), (120, 190), (240, 250), (340, 200), (448, 250), (448, 336), (0, 336)],
+              fill=(80, 140, 70))
+    d.rectangle((0, 290, 448, 336), fill=(150, 180, 80))
+    d.rectangle((60, 230, 150, 300), fill=(200, 80, 60))
+    d.polygon([(50, 232), (105, 190), (160, 232)], fill=(120, 50, 40))
+    d.rectangle((95, 260, 115, 300), fill=(90, 60, 30))
+    images["scene"] = im
+
+    # Hue sweep left to right, brightness top to bottom, with a few rings.
+    w, h = 320, 240
+    hue = np.linspace(0, 2 * np.pi, w)[None, :, None]
+    phase = np.array([0, 2 * np.pi / 3, 4 * np.pi / 3])
+    light = np.linspace(1.0, 0.35, h)[:, None, None]
+    im = Image.fromarray((255 * light * (0.5 + 0.5 * np.cos(hue - phase))).astype(np.uint8))
+    d = ImageDraw.Draw(im)
+    for i, r in enumerate((20, 45, 70)):
+        colour = (255, 255, 255) if i % 2 else (0, 0, 0)
+        d.ellipse((160 - r, 120 - r, 160 + r, 120 + r), outline=colour, width=6)
+    images["gradient"] = im
+
+    # An 8x8 checkerboard with coloured squares on the diagonal.
+    n, c = 224, 28
+    board = ((np.arange(n)[:, None] // c + np.arange(n)[None, :] // c) % 2 * 255).astype(np.uint8)
+    im = Image.fromarray(np.repeat(board[:, :, None], 3, axis=2))
+    d = ImageDraw.Draw(im)
+    for i, colour in enumerate([(230, 40, 40), (40, 200, 60), (40, 90, 230), (240, 200, 30)] * 2):
+        d.rectangle((i * c, i * c, i * c + c - 1, i * c + c - 1), fill=colour)
+    images["checkerboard"] = im
+
+    # Seeded random shapes on a grey background, portrait orientation.
+    rng = np.random.default_rng(7)
+    w, h = 252, 392
+    im = Image.new("RGB", (w, h), (128, 128, 128))
+    d = ImageDraw.Draw(im)
+    for _ in range(14):
+        x0, y0 = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
+        s = int(rng.integers(25, 90))
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        box = (x0, y0, x0 + s, y0 + s)
+        (d.ellipse if rng.random() < 0.5 else d.rectangle)(box, fill=colour)
+    images["shapes"] = im
+    return images
+
+
+# ---- the PCA picture ----------------------------------------------------------------------------
+def pca_rgb(embeddings: np.ndarray, grid_hw: tuple[int, int]) -> np.ndarray:
+    """Merged-token embeddings -> uint8 [h, w, 3] map of their first three principal components.
+
+    Args:
+      embeddings: [h * w, D] one image's merged tokens in raster order over the merged grid.
+      grid_hw: (h, w) of the merged grid (the patch grid divided by spatial_merge_size).
+    Each component is stretched from its 1st to 99th percentile to 0..255.
+    """
+    h, w = grid_hw
+    x = np.asarray(embeddings, np.float64)
+    if x.ndim != 2 or len(x) != h * w:
+        raise ValueError(f"embeddings must be [{h} * {w}, D] for a {h}x{w} merged grid, got shape {x.shape}")
+    x = x - x.mean(axis=0)
+    _, _, vt = np.linalg.svd(x, full_matrices=False)  # rows of vt: principal directions
+    comps = x @ vt[:3].T  # [h*w, <=3]
+    if comps.shape[1] < 3:  # fewer tokens or dims than 3 components
+        comps = np.pad(comps, ((0, 0), (0, 3 - comps.shape[1])))
+    lo, hi = np.percentile(comps, 1, axis=0), np.percentile(comps, 99, axis=0)
+    rgb = np.clip((comps - lo) / np.maximum(hi - lo, 1e-12), 0, 1)
+    return (255 * rgb).round().astype(np.uint8).reshape(h, w, 3)
+
+
+def pca_picture(image, embeddings: np.ndarray, grid_hw: tuple[int, int],
+                path: str | os.PathLike | None = None) -> Image.Image:
+    """The input image next to the PCA map of its embeddings (see `pca_rgb`), same height.
+
+    Args:
+      image: the input (PIL image or HxWx3 uint8 array).
+      embeddings: [h * w, D] its merged tokens; grid_hw: (h, w) of the merged grid.
+      path: where to save the picture as PNG (optional).
+    Returns:
+      the picture (RGB, height = 28 * h, the map upscaled without smoothing).
+    """
+    h, w = grid_hw
+    pca = Image.fromarray(pca_rgb(embeddings, grid_hw))
+    image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+    height = 28 * h  # one merged token = 28 x 28 pixels at patch 14, merge 2
+    left = image.convert("RGB").resize((round(image.width * height / image.height), height), Image.BICUBIC)
+    right = pca.resize((28 * w, height), Image.NEAREST)
+    gap = 8
+    out = Image.new("RGB", (left.width + gap + right.width, height), (255, 255, 255))
+    out.paste(left, (0, 0))
+    out.paste(right, (left.width + gap, 0))
+    if path is not None:
+        out.save(path, format="PNG")
+    return out
+
+
+def _stack(pictures: list[Image.Image], gap: int = 8) -> Image.Image:
+    """Pictures one above the other on white."""
+    height = sum(p.height for p in pictures) + gap * (len(pictures) - 1)
+    out = Image.new("RGB", (max(p.width for p in pictures), height), (255, 255, 255))
+    y = 0
+    for p in pictures:
+        out.paste(p, (0, y))
+        y += p.height + gap
+    return out
+
+
+# ---- the demo -----------------------------------------------------------------------------------
+def default_cache_dir() -> pathlib.Path:
+    """$QWEN_VIT_JAX_CACHE, else $XDG_CACHE_HOME/qwen_vit_jax, else ~/.cache/qwen_vit_jax."""
+    if os.environ.get("QWEN_VIT_JAX_CACHE"):
+        return pathlib.Path(os.environ["QWEN_VIT_JAX_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "qwen_vit_jax"
+
+
+def prepare_checkpoint(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
+                       log=print) -> pathlib.Path:
+    """The converted random checkpoint of `size`, built on first use under `cache_dir`/demo-<size>:
+    hf/ (HF layout, written by `write_random_hf_checkpoint`) and converted/ (`convert_checkpoint`).
+    A cached directory whose config is not `size`'s (an older layout) is rebuilt."""
+    from qwen_vit_jax.convert import convert_checkpoint, load_converted
+
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
+    cfg = SIZES[size]
+    root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = root / f"demo-{size}"
+    hf_dir, ours = root / "hf", root / "converted"
+    try:
+        current = VisionConfig.from_hf(hf_dir) == cfg and load_converted(ours)[0] == cfg
+    except (OSError, ValueError):
+        current = False
+    if current:
+        log(f"checkpoint: cached {ours}")
+        return ours
+    for stale in (hf_dir, ours):
+        shutil.rmtree(stale, ignore_errors=True)
+    t0 = time.perf_counter()
+    write_random_hf_checkpoint(cfg, hf_dir, dtype=DEMO_DTYPE[size])
+    size_mb = (hf_dir / "model.safetensors").stat().st_size / 1e6
+    log(f"checkpoint: wrote a random {cfg.variant} tower in HF layout ({size_mb:,.1f} MB, "
+        f"{DEMO_DTYPE[size]}) in {time.perf_counter() - t0:.1f} s -> {hf_dir}")
+    t0 = time.perf_counter()
+    convert_checkpoint(hf_dir, ours)
+    log(f"checkpoint: converted in {time.perf_counter() - t0:.1f} s -> {ours}")
+    return ours
+
+
+def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
+             out: str | os.PathLike = "qwen_vit_jax_demo.png", log=print) -> pathlib.Path:
+    """Build (or reuse) the random checkpoint, encode the sample images twice, save the PCA picture.
+
+    Args:
+      size: "tiny" (a 4-block Qwen2.5-VL tower, float32) or "3b" (the Qwen2.5-VL-3B tower, random
+        bfloat16 weights, 1.3 GB on disk, run in bfloat16).
+      cache_dir: where the checkpoints are kept (default: `default_cache_dir()`).
+      out: the PNG to write.
+      log: where progress lines go.
+    Returns:
+      the path of the PNG.
+    """
+    from qwen_vit_jax.encoder import VisionEncoder
+
+    ckpt = prepare_checkpoint(size, cache_dir, log)
+    t0 = time.perf_counter()
+    enc = VisionEncoder.from_pretrained(ckpt, dtype=DEMO_DTYPE[size])
+    cfg = enc.cfg
+    log(f"encoder: {cfg.variant}, depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}, "
+        f"{enc.dtype}, on {enc.device.platform} (loaded in {time.perf_counter() - t0:.1f} s)")
+
+    images = sample_images()
+    m = cfg.spatial_merge_size
+    t0 = time.perf_counter()
+    enc.encode_images(list(images.values()))
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    embs = enc.encode_images(list(images.values()))
+    t_second = time.perf_counter() - t0
+
+    grids = []  # patch grid (h, w) of each image: its preprocessed size / patch_size
+    p = enc.preprocess
+    for (name, im), emb in zip(images.items(), embs):
+        hh, ww = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        grids.append((hh // p.patch_size, ww // p.patch_size))
+        log(f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "
+            f"-> embeddings {emb.shape}")
+    n_patches = sum(h * w for h, w in grids)
+    rows = ", ".join(str(b.patches) for b in enc.compile_seconds)
+    log(f"first call:  {t_first:7.3f} s  ({enc.compile_count} program(s) compiled in "
+        f"{sum(enc.compile_seconds.values()):.2f} s; {n_patches} patches padded to bucket(s) of {rows} rows)")
+    log(f"second call: {t_second:7.3f} s  ({n_patches / t_second:,.0f} patches/s; compile count still "
+        f"{enc.compile_count}: same bucket, no recompilation)")
+
+    pictures = [pca_picture(im, emb, (h // m, w // m))
+                for im, emb, (h, w) in zip(images.values(), embs, grids)]
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _stack(pictures).save(out, format="PNG")
+    log(f"saved the PCA picture (input | first 3 principal components of its tokens as RGB) -> {out}")
+    return out

@@ -1,0 +1,54 @@
+"""Shared fixtures: one tiny random checkpoint per session, built the way the demo builds it
+(HF layout on disk -> the real converter), so CLI, encode_images and notebook tests share it.
+
+The session also shares one JAX persistent compilation cache (a temporary folder, unless the
+caller set JAX_COMPILATION_CACHE_DIR): the CLI and notebook tests start fresh processes that
+compile the same tiny-tower buckets again, and on two cores those compiles would dominate.
+It is set before anything imports jax, and subprocesses inherit it through the environment.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="qwen_vit_jax_test_jax_cache_")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from qwen_vit_jax.demo import TINY
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """(hf_dir, converted_dir) of the demo's tiny Qwen2.5-VL tower (window + full layers)."""
+    from qwen_vit_jax.convert import convert_checkpoint
+    from qwen_vit_jax.demo import write_random_hf_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_ckpt")
+    hf = write_random_hf_checkpoint(TINY, root / "hf", seed=0)
+    return hf, convert_checkpoint(hf, root / "converted")
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_dirs):
+    from qwen_vit_jax.encoder import VisionEncoder
+
+    return VisionEncoder.from_pretrained(tiny_dirs[1])
+
+
+def make_image(height: int, width: int, seed: int = 0) -> Image.Image:
+    """A smooth RGB test image (gradients plus a block): structure the tower can tell apart."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    a = np.stack([x / width, y / height, (x + y) / (width + height)], -1) * rng.uniform(100, 255, 3)
+    a[height // 3:, : width // 2] = rng.integers(0, 256, 3)
+    return Image.fromarray(a.astype(np.uint8))

@@ -1,0 +1,333 @@
+"""The `qwen-vit-jax` command line: every command's help, happy paths and error paths.
+
+The console script's help, a first `encode` and `demo` run as real subprocesses (the entry point,
+exit status, stdout / stderr as a user sees them; encode and demo with torch and transformers made
+unimportable, as after a plain `pip install`); the rest call `cli.main` in-process, which
+returns the exit status and prints exactly what the command line would (an uncaught exception,
+i.e. a traceback, fails the test), without paying for a fresh jax / torch import each time."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_image
+from PIL import Image
+
+from qwen_vit_jax import cli
+from qwen_vit_jax.demo import TINY
+
+COMMANDS = ("convert", "encode", "verify", "bench", "demo")
+
+
+# The command line in a fresh interpreter where `import torch` / `import transformers` fail, as on
+# a machine without them: the runtime (convert, encode, demo) must never need them.
+WITHOUT_TORCH = ("import sys; sys.modules.update(torch=None, transformers=None); "
+                 "from qwen_vit_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def run(*args, env=None, timeout=300):
+    """`qwen-vit-jax ARGS` in a subprocess without torch -> CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *map(str, args)], check=False,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def main(capsys, *args) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_clean_error(rc: int, err: str, *fragments: str) -> None:
+    assert rc != 0
+    assert err.startswith("error: ") or "\nerror: " in err, err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in err, err
+
+
+# ---- help -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help(capsys, command):
+    rc, out, _ = main(capsys, command, "--help")
+    assert rc == 0
+    assert out.startswith(f"usage: {cli.PROG} {command}")
+
+
+def test_top_level_help_and_console_script():
+    exe = shutil.which("qwen-vit-jax")
+    cmd = [exe] if exe else [sys.executable, "-m", "qwen_vit_jax.cli"]  # not pip-installed: the module
+    p = subprocess.run([*cmd, "--help"], check=False, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    for command in COMMANDS:
+        assert f"\n    {command} " in p.stdout
+
+
+def test_usage_errors(capsys):
+    rc, _, err = main(capsys)  # no command: the usage, exit 2
+    assert rc == 2 and "usage:" in err
+    rc, _, err = main(capsys, "frobnicate")
+    assert rc == 2 and "invalid choice" in err
+    rc, _, err = main(capsys, "encode", "ckpt", "x.png")  # -o missing
+    assert rc == 2 and "-o/--output" in err
+
+
+# ---- convert ----------------------------------------------------------------------------------------
+def test_convert(capsys, tiny_dirs, tmp_path):
+    hf, _ = tiny_dirs
+    rc, out, _ = main(capsys, "convert", hf, tmp_path / "ours")
+    assert rc == 0 and "converted qwen2_5_vl" in out
+    assert (tmp_path / "ours" / "params.safetensors").is_file()
+    assert (tmp_path / "ours" / "preprocessor_config.json").is_file()
+
+    rc, _, err = main(capsys, "convert", hf, tmp_path / "ours")
+    assert_clean_error(rc, err, "exists")
+    rc, _, _ = main(capsys, "convert", hf, tmp_path / "ours", "--overwrite", "--dtype", "bfloat16")
+    assert rc == 0
+    rc, _, err = main(capsys, "convert", tmp_path / "missing", tmp_path / "o2")
+    assert_clean_error(rc, err, "missing")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    rc, _, err = main(capsys, "convert", tmp_path / "broken", tmp_path / "o3")
+    assert_clean_error(rc, err, "config.json")
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+# ---- encode -----------------------------------------------------------------------------------------
+@pytest.fixture()
+def image_dir(tmp_path):
+    """A folder of three small images (PNG, JPEG, WebP) plus files encode must ignore."""
+    d = tmp_path / "images"
+    d.mkdir()
+    make_image(56, 84, seed=1).save(d / "a.png")
+    make_image(112, 84, seed=2).save(d / "b.jpg", quality=95)
+    make_image(84, 84, seed=3).save(d / "c.webp", lossless=True)
+    (d / "notes.txt").write_text("not an image")
+    make_image(56, 56).save(d / ".hidden.png")
+    return d
+
+
+def expected(enc, paths):
+    return enc.encode_images([cli.load_image(str(p)) for p in paths])
+
+
+def test_encode_writes_embeddings(tiny_dirs, tiny_encoder, image_dir, tmp_path):
+    _, ckpt = tiny_dirs
+    out = tmp_path / "emb.safetensors"
+    p = run("encode", ckpt, image_dir, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "encoded 3 images" in p.stdout and "3/3 images" in p.stderr
+
+    e = cli.read_embeddings(out)
+    paths = [image_dir / n for n in ("a.png", "b.jpg", "c.webp")]
+    assert e.names == [str(p) for p in paths]
+    assert e.grid_thw.tolist() == [[1, 4, 6], [1, 8, 6], [1, 6, 6]]
+    assert e.offsets.tolist() == [0, 6, 18, 27]
+    assert e.embeddings.shape == (27, TINY.out_dim) and e.embeddings.dtype == np.float32
+    assert e.metadata["dtype"] == "float32" and e.metadata["checkpoint"] == str(ckpt.resolve())
+    for i, ref in enumerate(expected(tiny_encoder, paths)):
+        assert np.linalg.norm(e[i] - ref) <= 1e-6 * np.linalg.norm(ref)
+
+
+def test_encode_resume(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path):
+    """--resume: one more image; the ones already done are skipped and kept bit for bit."""
+    _, ckpt = tiny_dirs
+    out = tmp_path / "emb.safetensors"
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out)
+    assert rc == 0, err
+    e = cli.read_embeddings(out)
+    make_image(168, 56, seed=4).save(image_dir / "d.bmp")
+    rc, stdout, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume")
+    assert rc == 0, err
+    assert "3 of 4 inputs already in" in err and "encoded 1 images" in stdout
+    e2 = cli.read_embeddings(out)
+    assert e2.names == e.names + [str(image_dir / "d.bmp")]
+    assert e2.grid_thw.tolist()[-1] == [1, 12, 4] and e2.offsets[-1] == 27 + 12
+    np.testing.assert_array_equal(e2.embeddings[:27], e.embeddings)
+    (ref,) = expected(tiny_encoder, [image_dir / "d.bmp"])
+    assert np.linalg.norm(e2[3] - ref) <= 1e-6 * np.linalg.norm(ref)
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no temp file left
+
+
+def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path):
+    _, ckpt = tiny_dirs
+    out = tmp_path / "emb.npz"
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "c.webp", image_dir / "a.png", "-o", out)
+    assert rc == 0, err
+    with np.load(out, allow_pickle=False) as z:  # plain numpy can read it
+        assert sorted(z.files) == ["embeddings", "grid_thw", "metadata", "names", "offsets"]
+        assert z["names"].tolist() == [str(image_dir / "c.webp"), str(image_dir / "a.png")]
+    e = cli.read_embeddings(out)
+    for i, ref in enumerate(expected(tiny_encoder, [image_dir / "c.webp", image_dir / "a.png"])):
+        assert np.linalg.norm(e[i] - ref) <= 1e-6 * np.linalg.norm(ref)
+
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "a.png", "-o", out)
+    assert_clean_error(rc, err, "exists", "--resume")
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "a.png", "-o", out, "--resume",
+                      "--dtype", "bfloat16")
+    assert_clean_error(rc, err, "dtype")
+    rc, _, err = main(capsys, "encode", ckpt, tmp_path / "nope.png", "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "input not found", "nope.png")
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", tmp_path / "x.h5")
+    assert_clean_error(rc, err, ".safetensors or .npz")
+    rc, _, err = main(capsys, "encode", tmp_path / "no_ckpt", image_dir, "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "no_ckpt")
+    rc, _, err = main(capsys, "encode", tiny_dirs[0], image_dir, "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "convert it first")
+    (tmp_path / "empty").mkdir()
+    rc, _, err = main(capsys, "encode", ckpt, tmp_path / "empty", "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "no input images")
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_encode_skips_unreadable_images(capsys, tiny_dirs, image_dir, tmp_path):
+    """A broken file is named in a warning, the rest are written, the exit status is 1; after the
+    file is fixed, --resume adds just it."""
+    _, ckpt = tiny_dirs
+    (image_dir / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    Image.new("RGB", (3000, 10)).save(image_dir / "strip.png")  # aspect ratio 300 > 200: HF refuses too
+    out = tmp_path / "emb.safetensors"
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out)
+    assert_clean_error(rc, err, "2 of 5 inputs could not be read")
+    assert f"warning: skipped {image_dir / 'broken.png'}:" in err
+    assert f"warning: skipped {image_dir / 'strip.png'}:" in err and "aspect ratio" in err
+    assert len(cli.read_embeddings(out).names) == 3
+
+    make_image(56, 56).save(image_dir / "broken.png")
+    (image_dir / "strip.png").unlink()
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume")
+    assert rc == 0, err
+    assert cli.read_embeddings(out).names[-1] == str(image_dir / "broken.png")
+
+
+def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path, monkeypatch):
+    """Ctrl-C after the first batch: OUT holds that batch, and --resume finishes the rest."""
+    calls = []
+
+    class Interrupted:  # the tiny encoder, with Ctrl-C arriving during the second call
+        def __getattr__(self, name):
+            return getattr(tiny_encoder, name)
+
+        def encode(self, pixel_values, grid_thw):
+            calls.append(len(grid_thw))
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return tiny_encoder.encode(pixel_values, grid_thw)
+
+    monkeypatch.setattr(cli, "_load_encoder", lambda checkpoint, dtype: Interrupted())
+    out = tmp_path / "emb.npz"
+    # one image per call: a.png is 24 patches, the others more
+    rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")
+    assert_clean_error(rc, err, "interrupted: 1 new images written")
+    assert cli.read_embeddings(out).names == [str(image_dir / "a.png")]
+    monkeypatch.undo()
+    rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--resume")
+    assert rc == 0, err
+    assert len(cli.read_embeddings(out).names) == 3
+
+
+def test_progress_bar_counts_and_rate():
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    s = Tty()
+    p = cli.Progress(4, stream=s)
+    p.update_to(4)
+    p.close()
+    assert "\r[" in s.getvalue() and "4/4 images" in s.getvalue() and "images/s" in s.getvalue()
+    s = io.StringIO()
+    p = cli.Progress(4, stream=s)
+    p.update_to(1)  # not a terminal: no line until 10 s have passed or it finishes
+    p.update_to(4)
+    p.update_to(4)
+    assert s.getvalue().count("\n") == 1 and "\r" not in s.getvalue()
+
+
+# ---- verify -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_saved(tmp_path_factory):
+    """A tiny HF model built and saved by transformers itself (save_pretrained), not by our writer."""
+    pytest.importorskip("torch")
+    from hf_utils import build_hf_model
+
+    root = tmp_path_factory.mktemp("hf_saved")
+    model = build_hf_model(TINY, seed=3)
+    model.save_pretrained(root / "hf")
+    return model, root / "hf"
+
+
+def test_verify_passes_on_a_transformers_checkpoint(capsys, hf_saved):
+    _, hf_dir = hf_saved
+    rc, out, err = main(capsys, "verify", hf_dir, "--bf16")
+    assert rc == 0, out + err
+    lines = out.splitlines()
+    assert lines[-1] == "PASS"
+    assert sum(line.startswith("float32 ") and line.endswith("PASS") for line in lines) == 3
+    assert sum(line.startswith("bfloat16 ") and line.endswith("PASS") for line in lines) == 3
+
+
+def test_verify_fails_on_other_weights(capsys, hf_saved, tiny_dirs):
+    """The demo checkpoint has the same config but other weights: FAIL, exit 1."""
+    _, hf_dir = hf_saved
+    rc, out, err = main(capsys, "verify", hf_dir, tiny_dirs[1])
+    assert rc == 1, err
+    assert out.splitlines()[-1] == "FAIL"
+
+
+def test_verify_errors(capsys, tmp_path, tiny_dirs, monkeypatch):
+    rc, _, err = main(capsys, "verify", tmp_path / "missing")
+    assert_clean_error(rc, err, "missing")
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    rc, _, err = main(capsys, "verify", tiny_dirs[0])
+    assert rc == 2
+    assert_clean_error(rc, err, "needs torch and transformers")
+
+
+def test_random_checkpoint_matches_transformers_layout(hf_saved, tiny_dirs):
+    """demo.write_random_hf_checkpoint writes the keys, shapes and config HF itself writes."""
+    from transformers import AutoConfig
+
+    from qwen_vit_jax.convert import read_safetensors
+    from qwen_vit_jax.demo import random_hf_tensors
+
+    model, hf_dir = hf_saved
+    ours = {k: v.shape for k, v in random_hf_tensors(TINY).items()}
+    saved = read_safetensors(hf_dir / "model.safetensors")
+    theirs = {k: v.shape for k, v in saved.items() if k.startswith("visual.")}
+    assert ours == theirs
+    config = AutoConfig.from_pretrained(tiny_dirs[0])
+    assert config.model_type == "qwen2_5_vl"
+    assert config.vision_config.to_dict() | {"transformers_version": None} == \
+        model.config.vision_config.to_dict() | {"transformers_version": None}
+
+
+# ---- bench / demo -----------------------------------------------------------------------------------
+def test_bench(capsys, tiny_dirs):
+    rc, out, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x8,2x4x6", "--repeats", "2")
+    assert rc == 0, err
+    rows = out.splitlines()[2:]
+    assert [r.split()[:2] for r in rows] == [["8x8", "64"], ["2x4x6", "48"]]
+    rc, _, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x")
+    assert_clean_error(rc, err, "'8x'")
+    rc, _, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "7x8")
+    assert_clean_error(rc, err, "multiples of spatial_merge_size")
+
+
+def test_demo(tmp_path):
+    env = dict(os.environ, QWEN_VIT_JAX_CACHE=str(tmp_path / "unused"))
+    out = tmp_path / "pics" / "demo.png"
+    p = run("demo", "--size", "tiny", "--cache-dir", tmp_path / "cache", "--out", out, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "second call" in p.stdout and str(out) in p.stdout
+    assert "compile count still 1" in p.stdout
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.mode == "RGB" and im.width > 400
+    assert (tmp_path / "cache" / "demo-tiny" / "converted" / "params.safetensors").is_file()
+    assert not (tmp_path / "unused").exists()
