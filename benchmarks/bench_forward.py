@@ -1,0 +1,209 @@
+"""Forward time: our VisionEncoder vs HF transformers `model.model.visual`, same random
+weights (one HF checkpoint, converted for us), same inputs, one image per call.
+
+  HF    float32 (TF32 off on CUDA), and bfloat16 (= model.to(torch.bfloat16)), attention
+        "sdpa"; on CUDA when torch sees a GPU (--device), else CPU with OMP_WAIT_POLICY=ACTIVE.
+        Timed: pixels to the device, visual(...), pooler_output to host float32 numpy.
+  ours  VisionEncoder.from_pretrained(dtype="float32" | "bfloat16") on JAX's default backend.
+        Timed: encode(pixels, grid) (plan, one transfer, the bucket's program, fetch).
+        The first call compiles: reported apart, never in the median.
+
+Each (variant, side) runs in its own process, both dtypes in it: torch and JAX never share
+one. The XLA float32 matmul peak is measured in another JAX process of the same run. Reported: median
+seconds, speed-up vs HF in the same dtype and vs HF's fastest mode, GFLOP/s of the analytic
+FLOPs (common.forward_flops), % of the fp32 peak, and the error vs HF float32.
+
+    python benchmarks/bench_forward.py [--quick] [--variants ...] [--sizes 16,36]
+        [--dtypes float32,bfloat16] [--repeats N] [--device auto|cpu|cuda] [--out PATH] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import pathlib
+import time
+
+import common
+import numpy as np
+
+VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b")
+PLOT = common.ROOT / "benchmarks" / "forward.png"  # RESULTS.md shows this file
+SEED = 0
+
+
+def grid_of(side: int) -> list[list[int]]:
+    return [[1, side, side]]
+
+
+def hf_worker(p: dict) -> dict:
+    """HF side, one process: float32 first, then the same model cast to bfloat16."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    device = p["device"] if p["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 means float32
+    model = AutoModelForImageTextToText.from_pretrained(p["hf"], dtype=torch.float32,
+                                                        attn_implementation="sdpa")
+    out = {"device": device, "torch_threads": torch.get_num_threads(), "dtypes": {},
+           "versions": common.versions("torch", "transformers")}
+    for dtype in sorted(p["dtypes"], key=lambda d: d != "float32"):
+        visual = model.model.visual.to(device, getattr(torch, dtype)).eval()
+        out["dtypes"][dtype] = time_sizes(functools.partial(hf_call, visual, device), p, f"hf-{dtype}")
+    return out
+
+
+def hf_call(visual, device: str, px: np.ndarray, g: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        y = visual(torch.from_numpy(px).to(device), grid_thw=torch.from_numpy(g).to(device))
+        return y.pooler_output.float().cpu().numpy()
+
+
+def ours_worker(p: dict) -> dict:
+    """Our side, one process: one encoder per dtype."""
+    import jax
+
+    import qwen_vit_jax as qvj
+
+    out = {"device": str(jax.devices()[0]), "dtypes": {},
+           "versions": common.versions("jax", "jaxlib", "flax")}
+    for dtype in p["dtypes"]:
+        enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype=dtype)
+        out["dtypes"][dtype] = time_sizes(enc.encode, p, f"ours-{dtype}", enc.compile_seconds)
+        del enc
+    return out
+
+
+def time_sizes(call, p: dict, name: str, compile_seconds: dict | None = None) -> dict:
+    """call(pixels, grid) on each size: a first call (saved to outputs/NAME-SIDE.npy; with
+    `compile_seconds`, the encoder's, the compile seconds it added), then the timed repeats."""
+    res = {}
+    for side in p["sizes"]:
+        g = np.array(grid_of(side))
+        px = common.random_pixels(g, p["patch_dim"], SEED)
+        known = dict(compile_seconds or {})
+        t0 = time.perf_counter()
+        np.save(f"{p['outputs']}/{name}-{side}.npy", call(px, g))
+        first = time.perf_counter() - t0
+        res[side] = {"first": first, **common.summary(common.time_calls(call, p["repeats"], px, g))}
+        if compile_seconds is not None:
+            res[side]["compile_s"] = sum(s for b, s in compile_seconds.items() if b not in known)
+    return res
+
+
+def rel_err(out_dir: pathlib.Path, name: str, ref: str) -> float | None:
+    a, b = out_dir / f"{name}.npy", out_dir / f"{ref}.npy"
+    if not (a.exists() and b.exists()):
+        return None
+    a, b = np.load(a), np.load(b)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def plot(records: list[dict], path: pathlib.Path) -> None:
+    """Forward seconds vs patches, one panel per variant (matplotlib; skipped without it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        common.log("matplotlib is not installed: no plot")
+        return
+    variants = list(dict.fromkeys(r["variant"] for r in records))
+    fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 4.2), squeeze=False)
+    for ax, variant in zip(axes[0], variants):
+        for impl, color in (("ours", "tab:blue"), ("HF", "tab:orange")):
+            for dtype, style in (("float32", "-o"), ("bfloat16", "--s")):
+                pts = sorted((r["patches"], r["seconds"]) for r in records
+                             if (r["variant"], r["impl"], r["dtype"]) == (variant, impl, dtype))
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, label=f"{impl} {dtype}")
+        ax.set(title=variant, xlabel="patches per image", ylabel="forward seconds (median)", yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    common.log(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--sizes", default="16,36", help="image sides in patches: grid [[1, s, s]]")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device for HF")
+    ap.add_argument("--peak-n", type=int, default=2048, help="side of the square matmul for the peak")
+    ap.add_argument("--quick", action="store_true", help="2-block configs, sides 8 and 16, 2 repeats")
+    ap.add_argument("--out", help="JSON path (default: benchmarks/results/forward[-quick].json)")
+    ap.add_argument("--plot", help="PNG path (default: benchmarks/forward.png; quick: in results/)")
+    args = ap.parse_args()
+    out = args.out or common.default_out("forward", args.quick)
+    png = args.plot or (common.default_out("forward", True, "png") if args.quick else PLOT)
+    variants, dtypes = args.variants.split(","), args.dtypes.split(",")
+    sizes = [8, 16] if args.quick else [int(s) for s in args.sizes.split(",")]
+    repeats = 2 if args.quick else args.repeats
+
+    peak = common.run_worker(__file__, "peak", {"n": 512 if args.quick else args.peak_n, "repeats": 5})
+    results, outputs = {}, {}
+    for variant in variants:
+        cfg = common.model_config(variant, args.quick)
+        dirs = common.checkpoint(__file__, variant, args.quick)
+        outputs[variant] = pathlib.Path(dirs["hf"]).parent / "outputs"
+        outputs[variant].mkdir(exist_ok=True)
+        payload = {**dirs, "dtypes": dtypes, "sizes": sizes, "repeats": repeats, "patch_dim": cfg.patch_dim,
+                   "device": args.device, "outputs": str(outputs[variant])}
+        results[variant, "HF"] = common.run_worker(__file__, "hf", payload, env=common.torch_env())
+        results[variant, "ours"] = common.run_worker(__file__, "ours", payload)
+
+    records = []
+    for (variant, impl), res in results.items():
+        cfg = common.model_config(variant, args.quick)
+        for dtype, by_side in res["dtypes"].items():
+            for side in sizes:
+                r = by_side[str(side)]
+                flops = common.forward_flops(cfg, grid_of(side))
+                records.append({
+                    "variant": variant, "grid_thw": grid_of(side), "patches": side * side, "dtype": dtype,
+                    "impl": impl, "seconds": r["median"], "timing": r, "flops": flops,
+                    "gflops_per_s": flops / r["median"] / 1e9,
+                    "pct_fp32_peak": 100 * flops / r["median"] / 1e9 / peak["float32"],
+                    "rel_err_vs_hf_fp32": rel_err(outputs[variant], f"{impl.lower()}-{dtype}-{side}",
+                                                  f"hf-float32-{side}"),
+                })
+    for r in records:
+        hf = {x["dtype"]: x["seconds"] for x in records
+              if x["impl"] == "HF" and (x["variant"], x["patches"]) == (r["variant"], r["patches"])}
+        r["speedup_vs_hf_same_dtype"] = hf[r["dtype"]] / r["seconds"]
+        r["speedup_vs_hf_fastest"] = min(hf.values()) / r["seconds"]
+    records.sort(key=lambda r: (variants.index(r["variant"]), r["patches"], dtypes.index(r["dtype"]),
+                                r["impl"]))
+
+    hf_dev = next(res["device"] for (_, impl), res in results.items() if impl == "HF")
+    jax_dev = next(res["device"] for (_, impl), res in results.items() if impl == "ours")
+    print(f"Forward, median of {repeats} calls. HF on {hf_dev}, ours on {jax_dev}. XLA matmul peak "
+          f"(n={peak['n']}): float32 {peak['float32']:.0f} GFLOP/s, bf16 operands + f32 accumulation "
+          f"{peak['bf16_f32acc']:.0f} GFLOP/s.\n")
+    headers = ["variant", "patches", "dtype", "impl", "seconds", "vs HF same dtype", "vs HF fastest",
+               "GFLOP/s", "% fp32 peak", "rel err vs HF fp32", "compile s"]
+    print(common.markdown_table(headers, [[
+        r["variant"], r["patches"], r["dtype"], r["impl"], common.fmt_seconds(r["seconds"]),
+        f"{r['speedup_vs_hf_same_dtype']:.2f}x", f"{r['speedup_vs_hf_fastest']:.2f}x",
+        f"{r['gflops_per_s']:.3g}", f"{r['pct_fp32_peak']:.0f}%",
+        "-" if r["rel_err_vs_hf_fp32"] is None else f"{r['rel_err_vs_hf_fp32']:.1e}",
+        f"{r['timing']['compile_s']:.1f}" if "compile_s" in r["timing"] else "-",
+    ] for r in records]))
+    versions = {k: v for res in results.values() for k, v in res["versions"].items()}
+    common.write_json(out, {"bench": "forward", "quick": args.quick, "repeats": repeats, "peak": peak,
+                            "hf_device": hf_dev, "jax_device": jax_dev, "versions": versions,
+                            "records": records})
+    plot(records, pathlib.Path(png))
+
+
+if __name__ == "__main__" and not common.worker_main({
+    "hf": hf_worker, "ours": ours_worker, "peak": common.matmul_peak, "build": common.build_checkpoint,
+}):
+    main()

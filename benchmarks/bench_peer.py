@@ -1,0 +1,196 @@
+"""The JAX peer: EasyDeL 0.3.0's jitted Qwen2VLVisionTransformer vs our VisionEncoder on the
+Qwen2-VL-2B tower, float32, one image per call.
+
+Same weights: one HF checkpoint (random weights, as in bench_forward), converted by us
+(convert_checkpoint) and by EasyDeL itself (from_pretrained(..., from_torch=True), reading
+a hub-layout copy of config.json: EasyDeL 0.3.0 cannot read the nested text_config that
+transformers 5.x writes). EasyDeL's forward loops over grid_thw in Python and splits
+attention by its values, so it is jitted with the grid as a compile-time constant: one
+program per distinct grid. Ours compiles one program per bucket. Both compile cold: EasyDeL's
+import switches JAX's persistent compilation cache on, the worker switches it off again.
+
+EasyDeL lives in its own venv (it pins an older jax and imports torch and pillow):
+    python -m venv /work/easydel-venv
+    /work/easydel-venv/bin/pip install torch==2.13.0 easydel==0.3.0 pillow
+The sides alternate, each round a fresh process per side (--rounds). Each process: load,
+then per size a first call (compile) and --repeats timed calls (medians over all rounds);
+in the first round, then the size-change probe: a first and a second call on each of a few
+new sizes, with the XLA compiles they triggered (common.count_compiles) and their seconds.
+
+    python benchmarks/bench_peer.py [--quick] [--sizes 16,36] [--repeats N] [--rounds N]
+        [--easydel-python /work/easydel-venv/bin/python] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import time
+
+import common
+import numpy as np
+
+VARIANT = "qwen2-vl-2b"
+SEED = 0
+
+
+def probe_sides(sizes: list[int]) -> list[list[int]]:
+    """New (h, w) after the timed sizes: a little off each, then a transpose."""
+    return [[s, s + 2] for s in sizes] + [[sizes[-1] + 2, sizes[-1]]]
+
+
+def run_sides(call, p: dict, compiles: dict) -> dict:
+    """Time call(px, grid) on the timed sizes, then probe new sizes."""
+    out = {"sizes": {}, "probe": []}
+    for side in p["sizes"]:
+        g = np.array([[1, side, side]])
+        px = common.random_pixels(g, p["patch_dim"], SEED)
+        c0 = compiles["count"]
+        first = common.time_calls(call, 1, px, g)[0]
+        np.save(f"{p['outputs']}/{p['name']}-{side}.npy", call(px, g))
+        out["sizes"][side] = {"first": first, "first_compiles": compiles["count"] - c0,
+                              "times": common.time_calls(call, p["repeats"], px, g)}
+    for h, w in p["probe"]:
+        g = np.array([[1, h, w]])
+        px = common.random_pixels(g, p["patch_dim"], SEED)
+        c0 = compiles["count"]
+        first = common.time_calls(call, 1, px, g)[0]
+        out["probe"].append({"h": h, "w": w, "first": first, "compiles": compiles["count"] - c0,
+                             "second": common.time_calls(call, 1, px, g)[0]})
+    out["persistent_cache_hits"] = compiles["cache_hits"]
+    return out
+
+
+def easydel_worker(p: dict) -> dict:
+    import functools
+
+    import easydel as ed
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    # Importing easydel turns JAX's persistent compilation cache on (ejkernel's ejit sets
+    # jax_compilation_cache_dir): from the second process on, programs would be loaded instead
+    # of compiled. Off before the first compile (the setting is read once), so both sides
+    # compile cold, as ours does by default; persistent_cache_hits checks it.
+    jax.config.update("jax_enable_compilation_cache", False)
+    compiles = common.count_compiles()
+    t0 = time.perf_counter()
+    model = ed.AutoEasyDeLModelForImageTextToText.from_pretrained(
+        p["hub"], dtype=jnp.float32, param_dtype=jnp.float32, precision=jax.lax.Precision.HIGHEST,
+        from_torch=True, auto_shard_model=False, verbose=False)
+    graphdef, state = nnx.split(model.model.visual)
+    load = time.perf_counter() - t0
+
+    @functools.cache
+    def program(grid: tuple):  # the grid is static: EasyDeL iterates over its values
+        g = np.array(grid)
+        biggest = int(g[:, 1:].max())
+        return jax.jit(lambda st, x: nnx.merge(graphdef, st)(x, grid_thw=g, max_grid_size=biggest))
+
+    def call(px, g):
+        return np.asarray(program(tuple(map(tuple, g.tolist())))(state, jnp.asarray(px)))
+
+    return {"load_s": load, "device": str(jax.devices()[0]), **run_sides(call, p, compiles),
+            "versions": common.versions("easydel", "jax", "jaxlib", "flax")}
+
+
+def ours_worker(p: dict) -> dict:
+    import jax
+
+    import qwen_vit_jax as qvj
+
+    compiles = common.count_compiles()
+    t0 = time.perf_counter()
+    enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="float32")
+    load = time.perf_counter() - t0
+    return {"load_s": load, "device": str(jax.devices()[0]), **run_sides(enc.encode, p, compiles),
+            "versions": common.versions("jax", "jaxlib", "flax")}
+
+
+def hub_layout(hf_dir: str) -> str:
+    """A copy of the checkpoint with config.json in the hub (transformers 4.4x) layout: text
+    fields at the top level. The weights file is linked, not copied."""
+    hf = pathlib.Path(hf_dir)
+    hub = hf.parent / "hub"
+    if not hub.is_dir():
+        tmp = hf.parent / "hub.tmp"
+        tmp.mkdir(exist_ok=True)
+        config = json.loads((hf / "config.json").read_text())
+        text = config.pop("text_config")
+        text.pop("model_type", None)
+        (tmp / "config.json").write_text(json.dumps({**config, **text}, indent=1))
+        if not (tmp / "model.safetensors").exists():
+            os.symlink(hf / "model.safetensors", tmp / "model.safetensors")
+        tmp.rename(hub)
+    return str(hub)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="16,36", help="image sides in patches: grid [[1, s, s]]")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
+    ap.add_argument("--easydel-python", default="/work/easydel-venv/bin/python")
+    ap.add_argument("--quick", action="store_true", help="2-block config, sides 8 and 16, 2 repeats, 1 round")
+    ap.add_argument("--out", help="JSON path (default: benchmarks/results/peer[-quick].json)")
+    args = ap.parse_args()
+    sizes = [8, 16] if args.quick else [int(s) for s in args.sizes.split(",")]
+    repeats, rounds = (2, 1) if args.quick else (args.repeats, args.rounds)
+
+    cfg = common.model_config(VARIANT, args.quick)
+    dirs = common.checkpoint(__file__, VARIANT, args.quick)
+    outputs = pathlib.Path(dirs["hf"]).parent / "outputs"
+    outputs.mkdir(exist_ok=True)
+    payload = {**dirs, "hub": hub_layout(dirs["hf"]), "sizes": sizes, "repeats": repeats,
+               "probe": probe_sides(sizes), "patch_dim": cfg.patch_dim, "outputs": str(outputs)}
+    runs = {"EasyDeL": [], "ours": []}
+    for i in range(rounds):
+        payload["probe"] = payload["probe"] if i == 0 else []  # new sizes: first round only
+        runs["EasyDeL"].append(common.run_worker(__file__, "easydel", {**payload, "name": "easydel"},
+                                                 python=args.easydel_python, env=common.torch_env()))
+        runs["ours"].append(common.run_worker(__file__, "ours", {**payload, "name": "ours"}))
+
+    rows, records = [], []
+    for side in sizes:
+        med = {impl: statistics.median(t for r in rs for t in r["sizes"][str(side)]["times"])
+               for impl, rs in runs.items()}
+        ed_out, ours_out = (np.load(outputs / f"{name}-{side}.npy") for name in ("easydel", "ours"))
+        rel = float(np.linalg.norm(ed_out - ours_out) / np.linalg.norm(ours_out))
+        for impl, rs in runs.items():
+            first = statistics.median(r["sizes"][str(side)]["first"] for r in rs)
+            rows.append([side * side, impl, common.fmt_seconds(med[impl]),
+                         f"{med['EasyDeL'] / med[impl]:.2f}x",
+                         common.fmt_seconds(first), rs[0]["sizes"][str(side)]["first_compiles"],
+                         f"{rel:.1e}" if impl == "EasyDeL" else "-"])
+        records.append({"patches": side * side, "grid_thw": [[1, side, side]], "median_s": med,
+                        "speedup_vs_easydel": med["EasyDeL"] / med["ours"], "rel_diff_easydel_vs_ours": rel})
+    print(f"{VARIANT}{' (quick: 2 blocks)' if args.quick else ''} float32, {rounds} round(s) x {repeats} "
+          f"timed calls per side, {runs['ours'][0]['device']}\n")
+    print(common.markdown_table(["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)",
+                                 "rel diff vs ours"], rows))
+    probe_rows = []
+    for i, (h, w) in enumerate(probe_sides(sizes)):
+        row = [f"{h}x{w}"]
+        for rs in runs.values():
+            pr = rs[0]["probe"][i]
+            row += [pr["compiles"], common.fmt_seconds(pr["first"]), common.fmt_seconds(pr["second"])]
+        probe_rows.append(row)
+    print("\nNew image sizes after warm-up (first process of each side):\n")
+    print(common.markdown_table(
+        ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))],
+        probe_rows))
+    load = {impl: statistics.median(r["load_s"] for r in rs) for impl, rs in runs.items()}
+    print("\nLoad (convert + place weights), median: " + ", ".join(f"{k} {v:.1f} s" for k, v in load.items()))
+    common.write_json(args.out or common.default_out("peer", args.quick), {
+        "bench": "peer", "variant": VARIANT, "quick": args.quick, "repeats": repeats, "rounds": rounds,
+        "records": records, "load_s": load, "runs": runs})
+
+
+if __name__ == "__main__" and not common.worker_main({
+    "easydel": easydel_worker, "ours": ours_worker, "build": common.build_checkpoint,
+}):
+    main()

@@ -1,0 +1,273 @@
+"""Shared benchmark helpers: worker subprocesses, timing, tables, JSON, FLOPs, matmul peak.
+
+Every bench_*.py is a parent that imports neither torch nor jax: each side runs in a worker
+subprocess (`python bench_x.py --worker KIND JSON`) that prints one `RESULT {json}` line.
+This module imports only the standard library and numpy at the top, so the EasyDeL venv
+(its own jax, no qwen_vit_jax) can run workers of bench_peer.py too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CACHE = pathlib.Path(os.environ.get("QVJ_BENCH_CACHE", pathlib.Path.home() / ".cache" / "qwen_vit_jax_bench"))
+RESULT_TAG = "RESULT "
+
+
+# ---- worker processes ---------------------------------------------------------------------
+def torch_env(threads: int | None = None) -> dict[str, str]:
+    """Environment for a torch process: OpenMP threads spin instead of sleeping (this VM
+    stalls sleeping OpenMP workers for ~8 ms at times); `threads` pins the thread count."""
+    env = dict(os.environ, OMP_WAIT_POLICY="ACTIVE")
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_worker(script: str, kind: str, payload: dict, *, env: dict | None = None,
+               python: str = sys.executable) -> dict:
+    """Run `python script --worker kind payload` and return the dict its worker printed.
+    The worker's stderr (progress, warnings) passes through."""
+    t0 = time.perf_counter()
+    proc = subprocess.run([python, script, "--worker", kind, json.dumps(payload)], env=env,
+                          stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if proc.returncode or not lines:
+        sys.stderr.write(proc.stdout[-4000:])
+        raise RuntimeError(f"worker {kind} of {script} failed (exit {proc.returncode})")
+    result = json.loads(lines[-1][len(RESULT_TAG):])
+    log(f"worker {kind}: done in {time.perf_counter() - t0:.1f} s")
+    return result
+
+
+def worker_main(handlers: dict) -> bool:
+    """In a worker process (argv: --worker KIND JSON) run handlers[KIND](payload), print its
+    result and return True; in the parent return False."""
+    if len(sys.argv) != 4 or sys.argv[1] != "--worker":
+        return False
+    result = handlers[sys.argv[2]](json.loads(sys.argv[3]))
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    return True
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- timing -------------------------------------------------------------------------------
+def time_calls(fn, repeats: int, *args, setup=None) -> list[float]:
+    """Seconds of `repeats` calls of fn(*args), each timed alone; setup() runs untimed before each."""
+    times = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def summary(times: list[float]) -> dict:
+    return {"median": statistics.median(times), "min": min(times), "n": len(times), "times": times}
+
+
+def count_compiles() -> dict:
+    """Count every XLA program this (JAX) process builds from now on: the returned dict's
+    "count" and "seconds" grow with each /jax/core/compile/backend_compile_duration event, which
+    fires once per program (jit, AOT .compile(), eager-op helpers; checked here on one AOT
+    compile), also when it is loaded from a persistent compilation cache: such loads are
+    counted apart in "cache_hits"."""
+    import jax
+    import jax.numpy as jnp
+
+    event, stats = "/jax/core/compile/backend_compile_duration", {"count": 0, "seconds": 0.0, "cache_hits": 0}
+
+    def on_duration(name, seconds, **_):
+        if name == event:
+            stats["count"] += 1
+            stats["seconds"] += seconds
+
+    def on_event(name, **_):
+        if name == "/jax/compilation_cache/cache_hits":
+            stats["cache_hits"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    jax.jit(lambda x: x + 1).lower(jax.ShapeDtypeStruct((3,), jnp.float32)).compile()
+    if stats["count"] != 1:
+        raise RuntimeError(f"{event} fired {stats['count']} times for one compile: cannot count compiles")
+    stats.update(count=0, seconds=0.0, cache_hits=0)
+    return stats
+
+
+# ---- reporting ----------------------------------------------------------------------------
+def fmt_seconds(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_info() -> dict:
+    cpu, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cpu_flags": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+        "python": platform.python_version(),
+    }
+
+
+def default_out(name: str, quick: bool, ext: str = "json") -> pathlib.Path:
+    """benchmarks/results/NAME.EXT, or NAME-quick.EXT: quick runs never overwrite real ones."""
+    return RESULTS / f"{name}{'-quick' if quick else ''}.{ext}"
+
+
+def write_json(path: str | os.PathLike, data: dict) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine_info(), **data}, indent=1) + "\n")
+    log(f"wrote {path}")
+    return path
+
+
+def versions(*modules: str) -> dict:
+    """Installed versions of the given modules (imports them)."""
+    import importlib
+
+    return {m: getattr(importlib.import_module(m), "__version__", "?") for m in modules}
+
+
+# ---- models and checkpoints ----------------------------------------------------------------
+def model_config(variant: str, quick: bool = False):
+    """The preset's VisionConfig, or (quick) a 2-block version of it: one window and one full
+    layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16)."""
+    import dataclasses
+
+    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL
+
+    cfg = PRESETS[variant]
+    if not quick:
+        return cfg
+    if cfg.variant == QWEN2_5_VL:
+        return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
+                                   fullatt_block_indexes=(1,))
+    return dataclasses.replace(cfg, depth=2, width=128, num_heads=16, intermediate_size=512, out_dim=64)
+
+
+def checkpoint(script: str, variant: str, quick: bool, seed: int = 0) -> dict[str, str]:
+    """HF checkpoint (random weights, tests/hf_utils.build_hf_model, save_pretrained) and our
+    conversion of it, built once by a `build` worker of `script` and reused across runs:
+    {"hf": dir, "ours": dir}. Delete CACHE (or set QVJ_BENCH_CACHE) to rebuild."""
+    root = CACHE / f"{variant}{'-quick' if quick else ''}-seed{seed}"
+    dirs = {"hf": str(root / "hf"), "ours": str(root / "ours")}
+    if not root.is_dir():
+        log(f"building {root} (HF model, save_pretrained, convert)")
+        run_worker(script, "build", {"variant": variant, "quick": quick, "seed": seed, "root": str(root)},
+                   env=torch_env())
+    return dirs
+
+
+def build_checkpoint(p: dict) -> dict:
+    """Worker: write root/hf and root/ours, atomically (a half-built cache never counts)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hf_utils import build_hf_model
+
+    import qwen_vit_jax as qvj
+
+    root = pathlib.Path(p["root"])
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_hf_model(model_config(p["variant"], p["quick"]), seed=p["seed"]).save_pretrained(tmp / "hf")
+    qvj.convert_checkpoint(tmp / "hf", tmp / "ours")
+    tmp.rename(root)
+    return {"root": str(root)}
+
+
+def random_pixels(grid_thw, patch_dim: int, seed: int = 0) -> np.ndarray:
+    """float32 [sum(t*h*w), patch_dim] standard normal rows (tests/hf_utils.random_pixels)."""
+    n = int(np.prod(np.asarray(grid_thw), axis=1).sum())
+    return np.random.default_rng(seed).standard_normal((n, patch_dim), dtype=np.float32)
+
+
+# ---- FLOPs --------------------------------------------------------------------------------
+def forward_flops(cfg, grid_thw) -> float:
+    """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add), D = width,
+    I = intermediate_size, P = patch_dim (1176), M = merge_unit (4), O = out_dim,
+    N = sum(t*h*w), L = depth:
+
+      patch embed      2 N P D
+      per block (x L)  qkv 2 N D 3D + proj 2 N D^2 + MLP (2 matrices, Qwen2-VL; 3, Qwen2.5-VL) 2 N D I
+      attention        QK^T and PV: 4 D sum(S^2) over the block's real segments S: frames
+                       (h*w, per temporal slice) in full layers, HF's windows in window layers
+      merger           2 (N/M) (M D)^2 + 2 (N/M) (M D) O
+
+    Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP. Norms, rotary, softmax and activations
+    are left out (elementwise, < 1%)."""
+    from qwen_vit_jax.config import QWEN2_5_VL
+    from qwen_vit_jax.plan import window_index
+
+    g = np.asarray(grid_thw, np.int64)
+    d, i, p, m, o = cfg.width, cfg.intermediate_size, cfg.patch_dim, cfg.merge_unit, cfg.out_dim
+    n = float(np.prod(g, axis=1).sum())
+    frames = np.repeat(g[:, 1] * g[:, 2], g[:, 0]).astype(np.float64)
+    windows = np.diff(window_index(g, cfg)[1]).astype(np.float64) if cfg.windowed else frames[:0]
+    mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * n * d * i
+    block = 2 * n * d * 3 * d + 2 * n * d * d + mlp
+    full = sum(cfg.full_attention_layers)
+    attention = 4 * d * (full * (frames**2).sum() + (cfg.depth - full) * (windows**2).sum())
+    merger = 2 * (n / m) * (m * d) ** 2 + 2 * (n / m) * (m * d) * o
+    return 2 * n * p * d + cfg.depth * block + attention + merger
+
+
+# ---- XLA matmul peak (run inside a JAX worker) ----------------------------------------------
+def matmul_peak(payload: dict) -> dict:
+    """GFLOP/s of an [n, n] x [n, n] matmul under jit on JAX's default device, median of
+    `repeats`: float32 at HIGHEST precision, and bf16 operands with float32 accumulation."""
+    import jax
+    import jax.numpy as jnp
+
+    n, repeats = payload["n"], payload["repeats"]
+    out = {"n": n, "backend": jax.default_backend(), "device": str(jax.devices()[0])}
+    hi, lo = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
+    for name, dtype, precision in (("float32", jnp.float32, hi), ("bf16_f32acc", jnp.bfloat16, lo)):
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+        f = jax.jit(lambda x, y, p=precision: jnp.dot(x, y, precision=p, preferred_element_type=jnp.float32))
+        f(a, b).block_until_ready()
+        times = time_calls(lambda *xs: jax.block_until_ready(xs[0](*xs[1:])), repeats, f, a, b)
+        out[name] = 2 * n**3 / statistics.median(times) / 1e9
+    return out
