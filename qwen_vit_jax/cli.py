@@ -85,7 +85,7 @@ def _suffix(path: pathlib.Path) -> str:
 
 def read_embeddings(path: str | os.PathLike) -> Embeddings:
     """Read a file written by `qwen-vit-jax encode` (either format), with its layout checked."""
-    from qwen_vit_jax.convert import _SafetensorsFile
+    from qwen_vit_jax.convert import SafetensorsFile
 
     path = pathlib.Path(path)
     suffix = _suffix(path)
@@ -98,7 +98,7 @@ def read_embeddings(path: str | os.PathLike) -> Embeddings:
             meta = json.loads(str(arrays.pop("metadata")))
             names = [str(n) for n in arrays.pop("names")]
         else:
-            f = _SafetensorsFile(path)
+            f = SafetensorsFile(path)
             arrays = {k: np.array(f.get(k)) for k in f.entries}  # copies: the file may be replaced later
             meta = dict(f.metadata)
             names = json.loads(meta.pop("names"))
@@ -406,7 +406,7 @@ def _hf_vision_tower(hf_dir: pathlib.Path):
     from safetensors import safe_open
 
     from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
-    from qwen_vit_jax.convert import _locate, _vision_prefix
+    from qwen_vit_jax.convert import locate_tensors, vision_prefix
 
     variant = VisionConfig.from_hf(hf_dir).variant
     if variant == QWEN2_5_VL:
@@ -424,8 +424,8 @@ def _hf_vision_tower(hf_dir: pathlib.Path):
         config = vision_cls.from_dict(raw)
     model = model_cls._from_config(config).float().eval()
 
-    where, _ = _locate(hf_dir)
-    prefix = _vision_prefix(where, hf_dir)
+    where, _ = locate_tensors(hf_dir)
+    prefix = vision_prefix(where, hf_dir)
     state = {}
     for path in sorted({p for k, p in where.items() if k.startswith(prefix)}):
         with safe_open(path, framework="pt") as f:

@@ -69,7 +69,7 @@ def _unique_keys(pairs):
     return d
 
 
-class _SafetensorsFile:
+class SafetensorsFile:
     """One safetensors file: header parsed and validated eagerly, tensor bytes memory-mapped lazily."""
 
     def __init__(self, path: str | os.PathLike):
@@ -150,7 +150,7 @@ def read_safetensors(path: str | os.PathLike, keys: Iterable[str] | None = None)
     Raises FileNotFoundError for a missing file, CheckpointError (a ValueError) naming the file and
     tensor for a truncated/corrupt file, an unsupported dtype or a key the file lacks.
     """
-    f = _SafetensorsFile(path)
+    f = SafetensorsFile(path)
     return {k: f.get(k) for k in (f.entries if keys is None else keys)}
 
 
@@ -202,7 +202,7 @@ def _conv(w, cfg):
     return w.reshape(cfg.width, cfg.patch_dim).T
 
 
-def _shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
+def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
     """Dimension string -> shape, e.g. "3D D" -> (3 * width, width)."""
     dims = dict(D=cfg.width, I=cfg.intermediate_size, O=cfg.out_dim, M=cfg.merge_unit * cfg.width,
                 P=cfg.patch_dim, C=cfg.in_channels, T=cfg.temporal_patch_size, p=cfg.patch_size)
@@ -269,7 +269,7 @@ RULES: tuple[Rule, ...] = (
 
 def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
     """Our flat param key -> shape; per-block params lead with L = cfg.depth."""
-    return {r.target: ((cfg.depth,) if r.per_block else ()) + _shape(r.dst, cfg)
+    return {r.target: ((cfg.depth,) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
             for r in RULES if cfg.variant in r.variants}
 
 
@@ -278,14 +278,14 @@ _PREFIXES = ("visual.", "model.visual.")  # hub / transformers 5.x saves, some 4
 _BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint
 
 
-def _locate(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, _SafetensorsFile]]:
+def locate_tensors(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, SafetensorsFile]]:
     """Every tensor name -> the file holding it, from model.safetensors' header or the shard index.
 
     Returns the map and the files already opened on the way (the single-file case).
     """
     single, index = hf_dir / "model.safetensors", hf_dir / "model.safetensors.index.json"
     if single.is_file():  # transformers prefers it too when both exist
-        f = _SafetensorsFile(single)
+        f = SafetensorsFile(single)
         return dict.fromkeys(f.entries, single), {single: f}
     if not index.is_file():
         raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {hf_dir}")
@@ -302,7 +302,7 @@ def _locate(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib
     return {k: hf_dir / v for k, v in wm.items()}, {}
 
 
-def _vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
+def vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
     keys = list(keys)
     found = {p: k for p in _PREFIXES for k in keys if k.startswith(p)}
     if len(found) > 1:
@@ -327,8 +327,8 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         cfg = VisionConfig.from_hf(config_path)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    where, files = _locate(hf_dir)
-    prefix = _vision_prefix(where, hf_dir)
+    where, files = locate_tensors(hf_dir)
+    prefix = vision_prefix(where, hf_dir)
     rules = [(re.compile(r.pattern), r) for r in RULES if cfg.variant in r.variants]
 
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
@@ -352,12 +352,12 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
     filled: dict[tuple[str, int | None], str] = {}
     for key, rule, layer in matched:
         path = where[key]
-        f = files[path] if path in files else files.setdefault(path, _SafetensorsFile(path))
+        f = files[path] if path in files else files.setdefault(path, SafetensorsFile(path))
         if key not in f.entries:
             raise CheckpointError(f"{path}: the index places tensor {key!r} here, but the file lacks it")
         loc = f"{path}: tensor {key!r}"
         st, shape = f.entries[key][:2]
-        src, dst = _shape(rule.src, cfg), _shape(rule.dst, cfg)
+        src, dst = dims_to_shape(rule.src, cfg), dims_to_shape(rule.dst, cfg)
         if shape != src:
             raise CheckpointError(f"{loc}: shape {shape}, expected {src} = [{rule.src}] for {cfg.variant}")
         if st not in _PARAM_DTYPES:

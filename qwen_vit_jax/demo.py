@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, VisionConfig
-from qwen_vit_jax.convert import RULES, _shape, write_safetensors
+from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
 from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
@@ -34,7 +34,7 @@ TINY = dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, inter
                            fullatt_block_indexes=(1, 3))
 SIZES = {"tiny": TINY, "3b": QWEN2_5_VL_3B}
 # Random 3B weights are written in bfloat16 (1.3 GB instead of 2.7 GB, like the hub's files) and
-# run in bfloat16, this CPU's fast path; the tiny tower stays float32 (exact mode).
+# run in bfloat16 (bf16-rounded operands, float32 accumulation); the tiny tower stays float32 (exact mode).
 DEMO_DTYPE = {"tiny": "float32", "3b": "bfloat16"}
 
 # What the Qwen2-VL / Qwen2.5-VL hub repositories ship as preprocessor_config.json.
@@ -105,7 +105,7 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
     for rule in RULES:
         if cfg.variant not in rule.variants:
             continue
-        shape = _shape(rule.src, cfg)
+        shape = dims_to_shape(rule.src, cfg)
         for layer in range(cfg.depth) if rule.per_block else [None]:
             key = "visual." + rule.hf_key(layer)
             w = rng.standard_normal(shape, dtype=np.float32)

@@ -18,13 +18,20 @@ Two layers:
 Buckets are few by construction: N_pad comes from a coarse geometric ladder (2 rungs per octave by
 default), W_pad is a function of N_pad for all ordinary inputs, and KB = N_pad / block for single
 frames, so a stream of single images compiles at most one program per rung.
+
+Speed matters: an uncached plan is on the request path whenever a grid is new. The grid is
+validated once; the split is one numba call (`_split_chunks`: the optimal cut and every chunk's
+rows, skipped for a single frame); a chunk's plan is one more (`_build_plan`: window packing,
+then all its arrays in one buffer, each entry written once). What Python adds is scalar work and
+wrapping, so an image costs ~20 us and a large request about one pass over its rows (~40 us per
+16k-row chunk, on one core).
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
-import math
 
 import numba
 import numpy as np
@@ -37,7 +44,7 @@ _PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
 
 # ---- validation ------------------------------------------------------------------------------
 def validate_grid(grid_thw, cfg: VisionConfig | None = None) -> np.ndarray:
-    """Check `grid_thw` ([k, 3] integer (t, h, w) in patches) and return an int64 [k, 3] copy.
+    """Check `grid_thw` ([k, 3] integer (t, h, w) in patches) and return an int64 [k, 3] C-order copy.
 
     Float arrays are rejected even when integral: a float grid is almost always a caller bug.
     With `cfg`, h and w must be multiples of `cfg.spatial_merge_size`.
@@ -50,12 +57,24 @@ def validate_grid(grid_thw, cfg: VisionConfig | None = None) -> np.ndarray:
         raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("grid_thw is empty: need at least one (t, h, w) row")
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
         raise ValueError(f"grid_thw must hold integers, got dtype {arr.dtype}")
     # k is small: plain Python ints are faster than a handful of tiny numpy ops and cannot overflow.
     rows = arr.tolist()
     m = cfg.spatial_merge_size if cfg is not None else 1
     total = 0
+    for t, h, w in rows:
+        if t <= 0 or h <= 0 or w <= 0 or h % m or w % m:
+            _raise_bad_row(rows, m)
+        total += t * h * w
+    if total > _MAX_PATCHES:
+        raise ValueError(f"grid_thw describes {total} patches, more than {_MAX_PATCHES}")
+    # Every value is now in (0, 2^30]: the cast is exact for any integer dtype.
+    return arr.astype(np.int64, order="C")
+
+
+def _raise_bad_row(rows: list, m: int):
+    """Raise the error for the first invalid row (the slow path of validate_grid)."""
     for i, row in enumerate(rows):
         for name, v in zip("thw", row):
             if v <= 0:
@@ -63,18 +82,19 @@ def validate_grid(grid_thw, cfg: VisionConfig | None = None) -> np.ndarray:
         if row[1] % m or row[2] % m:
             raise ValueError(f"grid_thw row {i} = {row}: h and w must be multiples of "
                              f"spatial_merge_size {m} (odd size)")
-        total += row[0] * row[1] * row[2]
-    if total > _MAX_PATCHES:
-        raise ValueError(f"grid_thw describes {total} patches, more than {_MAX_PATCHES}")
-    return np.array(rows, np.int64)
+    raise AssertionError("no invalid row")  # pragma: no cover
 
 
 # ---- numba kernels (grid: int64 [k, 3], validated) ---------------------------------------------
+# Kernels write through slices indexed from 0 where it matters: numba then needs no negative-index
+# handling and LLVM vectorises the inner loops (2-4x faster). A plan is ONE call from Python,
+# _build_plan, compiled together with the helpers it calls. The first compile is paid once per
+# install (cache=True; later processes load it in well under a second) but it counts, so plain
+# loops throughout: a single array-to-slice copy added ~5 s to it.
 @numba.njit(cache=True)
 def _fill_rotary(grid, m, flat):
     """flat: int32 [2 * rows] view of [rows, 2]; first N rows = (h, w) patch coordinates in
-    merge-unit-major order, repeated over t. Writes go through slices indexed from 0 so LLVM can
-    drop negative-index handling and vectorise the per-frame copies (~4x faster)."""
+    merge-unit-major order, repeated over t; rows past N (padding) = 0."""
     r = 0
     for g in range(grid.shape[0]):
         t, h, w = grid[g, 0], grid[g, 1], grid[g, 2]
@@ -94,28 +114,49 @@ def _fill_rotary(grid, m, flat):
             for q in range(n2):
                 dst[q] = first[q]
             r += n2
+    pad = flat[r:]
+    for q in range(pad.shape[0]):
+        pad[q] = 0
 
 
 @numba.njit(cache=True)
-def _fill_segments(cu, block, seg, kv_start, kv_count):
-    """Frame id per row (-1 for padding) and the contiguous key-block range of each query block.
+def _fill_segments(grid, block, seg, kv_start, kv_count):
+    """Frame id per row (-1 for padding) and the contiguous key-block range of each query block;
+    returns max(kv_count).
 
-    cu: int64 [F + 1] frame boundaries. Like every kernel here it allocates nothing: array
-    creation inside njit code roughly doubles compile time, and first-call latency matters.
+    seg: int32 [N_pad]; kv_start / kv_count: int32 [N_pad // block]. A query block must see every
+    key block of every frame it holds a row of: frames come in order, so its range runs from the
+    first block of the first such frame to the last block of the last one. Padding rows only see
+    padding rows of their own block, so a padding tail never widens the range (a pure-padding
+    block i gets [i, i]; the mixed block ends where the last frame ends, in that very block).
     """
-    for f in range(cu.shape[0] - 1):
-        for r in range(cu[f], cu[f + 1]):
-            seg[r] = f
-    n = cu[cu.shape[0] - 1]
-    for r in range(n, seg.shape[0]):
-        seg[r] = -1
     for i in range(kv_start.shape[0]):
-        first, last = i * block, (i + 1) * block - 1
-        # Padding rows only see padding rows of their own block, so a padding tail never widens KB.
-        start = cu[seg[first]] // block if first < n else i
-        end = (cu[seg[last] + 1] - 1) // block if last < n else i
-        kv_start[i] = start
-        kv_count[i] = end - start + 1
+        kv_start[i] = i
+        kv_count[i] = i  # the range's last block until the final pass
+    f = 0
+    r0 = 0
+    for g in range(grid.shape[0]):
+        size = grid[g, 1] * grid[g, 2]
+        for _ in range(grid[g, 0]):
+            frame = seg[r0:r0 + size]
+            for q in range(size):
+                frame[q] = f
+            b0, b1 = r0 // block, (r0 + size - 1) // block
+            for i in range(b0, b1 + 1):
+                if b0 < kv_start[i]:
+                    kv_start[i] = b0
+                kv_count[i] = b1  # later frames end later
+            f += 1
+            r0 += size
+    pad = seg[r0:]
+    for q in range(pad.shape[0]):
+        pad[q] = -1
+    kv_max = 0
+    for i in range(kv_start.shape[0]):
+        kv_count[i] = kv_count[i] - kv_start[i] + 1
+        if kv_count[i] > kv_max:
+            kv_max = kv_count[i]
+    return kv_max
 
 
 @numba.njit(cache=True)
@@ -124,7 +165,8 @@ def _fill_window_order(grid, m, wm, index, cu):
 
     Windows are wm x wm merge units tiled over each frame, row-major; edge windows are smaller.
     HF's extra all-padding windows (when a side divides evenly) are never emitted, which is
-    exactly what its `unique_consecutive` leaves.
+    exactly what its `unique_consecutive` leaves. (_pack_windows and _fill_window_slots walk the
+    same tiling.)
     """
     cu[0] = 0
     p = 0
@@ -145,36 +187,48 @@ def _fill_window_order(grid, m, wm, index, cu):
 
 
 @numba.njit(cache=True)
-def _pack_windows(cu, unit, width, count, order, win_slot, head, nxt):
-    """Best-fit decreasing packing of windows into slots of `width` rows; returns the slot count.
+def _pack_windows(grid, m, wm, win_slot):
+    """Best-fit decreasing packing of a grid's windows into slots of wm * wm merge units; returns
+    the slot count.
 
-    cu: int32 [W + 1] window boundaries (rows). Windows are taken longest first (a stable
-    counting sort: equal lengths keep HF order) and each goes into the open slot with the least
-    remaining room that still fits it, or into a new slot. Rooms are multiples of `unit`, so open
-    slots sit in one LIFO list per room (head[room // unit], linked through nxt): a placement is
-    O(width // unit). Work arrays: count int64 [width // unit + 1], order / win_slot / nxt int64 [W],
-    head int64 [width // unit + 1]. Output: win_slot[w] = slot of window w.
+    Output win_slot: int64 [W], the slot of each window (HF window order). Windows are taken
+    longest first (a stable counting sort: equal lengths keep HF order) and each goes into the
+    open slot with the least remaining room that still fits it, or into a new slot. Open slots
+    sit in one LIFO list per room (head[room], linked through nxt), so a placement is O(wm^2).
     """
-    n_win = cu.shape[0] - 1
-    top = width // unit
+    n_win = win_slot.shape[0]
+    top = wm * wm
+    length = np.empty(n_win, np.int64)  # merge units per window, in _fill_window_order's tiling
+    w = 0
+    for g in range(grid.shape[0]):
+        lh, lw = grid[g, 1] // m, grid[g, 2] // m
+        for _ in range(grid[g, 0]):
+            for y0 in range(0, lh, wm):
+                for x0 in range(0, lw, wm):
+                    length[w] = (min(y0 + wm, lh) - y0) * (min(x0 + wm, lw) - x0)
+                    w += 1
+    count = np.empty(top + 1, np.int64)
+    head = np.empty(top + 1, np.int64)
     for c in range(top + 1):
         count[c] = 0
         head[c] = -1
+    order = np.empty(n_win, np.int64)
+    nxt = np.empty(n_win, np.int64)
     for w in range(n_win):
-        count[(cu[w + 1] - cu[w]) // unit] += 1
+        count[length[w]] += 1
     pos = 0
     for c in range(top, -1, -1):  # start offset of each length, longest first
         k = count[c]
         count[c] = pos
         pos += k
     for w in range(n_win):
-        c = (cu[w + 1] - cu[w]) // unit
+        c = length[w]
         order[count[c]] = w
         count[c] += 1
     slots = 0
     for i in range(n_win):
         w = order[i]
-        c = (cu[w + 1] - cu[w]) // unit
+        c = length[w]
         s = -1
         room = top
         for r in range(c, top):  # an open slot always has room < top (it holds a window)
@@ -195,54 +249,177 @@ def _pack_windows(cu, unit, width, count, order, win_slot, head, nxt):
 
 
 @numba.njit(cache=True)
-def _fill_packed_slots(index, cu, unit, width, win_slot, fill, tokens, ids, slot):
-    """Scatter rows into their packed slots. Windows are visited in HF order, so inside a slot its
-    windows sit one after another in HF order and each window's rows keep HF's order (rows
-    4u..4u+3 per merge unit u). tokens / ids: flat int32 views of [W_pad, width] prefilled with -1;
-    slot: int32 [N_pad] zeros; fill: int64 work array >= slot count."""
-    for s in range(fill.shape[0]):
-        fill[s] = 0
-    for w in range(cu.shape[0] - 1):
-        s = win_slot[w]
-        e0 = s * width + fill[s]  # flat entry of the window's first row
-        length = cu[w + 1] - cu[w]
-        tok = tokens[e0:e0 + length]
-        wid = ids[e0:e0 + length]
-        j = 0
-        for q in range(cu[w] // unit, cu[w + 1] // unit):
-            row = index[q] * unit
-            for e in range(unit):
-                tok[j] = row + e
-                wid[j] = w
-                slot[row + e] = e0 + j
-                j += 1
-        fill[s] += length
+def _fill_window_slots(grid, m, wm, win_slot, n_slots, tokens, ids, slot):
+    """Scatter rows into their packed slots; empty entries get -1.
+
+    tokens / ids: flat int32 views of [W_pad, S] (S = (wm * m)^2 rows per slot), W_pad >= n_slots;
+    slot: int32 [N_pad] (padding rows get 0); win_slot: int64 [W] from _pack_windows. Windows are
+    visited in HF order, so inside a slot its windows sit one after another in HF order, and each
+    window's rows keep HF's order (rows mu*u .. mu*u + mu - 1 of merge unit u, mu = m * m). A
+    window row of x1 - x0 merge units is one run of (x1 - x0) * mu consecutive rows: three
+    contiguous writes.
+    """
+    mu = m * m
+    s_rows = wm * wm * mu
+    fill = np.empty(n_slots, np.int64)
+    for sl in range(n_slots):
+        fill[sl] = 0
+    w = 0
+    base = 0  # merge units before the current frame
+    for g in range(grid.shape[0]):
+        lh, lw = grid[g, 1] // m, grid[g, 2] // m
+        for _ in range(grid[g, 0]):
+            for y0 in range(0, lh, wm):
+                for x0 in range(0, lw, wm):
+                    x1 = min(x0 + wm, lw)
+                    run = (x1 - x0) * mu
+                    sl = win_slot[w]
+                    e = sl * s_rows + fill[sl]  # flat entry of the window's next row
+                    for y in range(y0, min(y0 + wm, lh)):
+                        row0 = (base + y * lw + x0) * mu
+                        tok, wid, back = tokens[e:e + run], ids[e:e + run], slot[row0:row0 + run]
+                        for j in range(run):
+                            tok[j] = row0 + j
+                            wid[j] = w
+                            back[j] = e + j
+                        e += run
+                    fill[sl] = e - sl * s_rows
+                    w += 1
+            base += lh * lw
+    pad = slot[base * mu:]
+    for q in range(pad.shape[0]):
+        pad[q] = 0
+    for sl in range(tokens.shape[0] // s_rows):
+        used = fill[sl] if sl < n_slots else 0
+        tok, wid = tokens[sl * s_rows + used:(sl + 1) * s_rows], ids[sl * s_rows + used:(sl + 1) * s_rows]
+        for j in range(tok.shape[0]):
+            tok[j] = -1
+            wid[j] = -1
 
 
 @numba.njit(cache=True)
-def _split_frames(cum, rungs, cap, penalty, best, prev):
-    """Optimal cut of a frame sequence into chunks (dynamic programming over frame boundaries).
+def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
+    """Every int32 array of one plan, in ONE flat buffer; returns (buf, W_pad, max(kv_count)).
 
-    cum: int64 [F + 1] cumulative frame lengths. A chunk is frames j..i-1 with at most `cap` rows,
-    or a single frame of any size; it costs rungs[first rung >= its rows] + penalty. best[i] = least
-    cost of frames 0..i-1, prev[i] = start of the last chunk. rungs: int64, ascending, ending at or
-    above max(cap, largest frame). Ties keep the shortest last chunk (so earlier chunks are the
-    larger ones). O(F * frames per chunk).
+    grid: int64 [k, 3], validated, N rows; m: spatial merge size; wm: window side in merge units
+    (0: no window attention, W_pad = 0); s: slot width S; n_pad, b: the bucket's rows and block;
+    w_typical / w_worst: typical_windows / worst_windows of n_pad. W_pad is w_typical whenever the
+    packing fits it, else w_worst (proven enough). Layout of buf (NB = n_pad // b), see _plan_views:
+        pos [N_pad, 2] | seg [N_pad] | slot [N_pad] | kv_start [NB] | kv_count [NB]
+        | tokens [W_pad, S] | ids [W_pad, S]
+    One buffer rather than eight arrays: one allocation, one array for numba to box and one
+    setflags; the views cost less than any of those.
     """
-    best[0] = 0
-    for i in range(1, cum.shape[0]):
-        best[i] = -1
-        r = 0
-        for j in range(i - 1, -1, -1):
-            size = cum[i] - cum[j]
-            if size > cap and j < i - 1:
-                break
-            while rungs[r] < size:
-                r += 1
-            c = best[j] + rungs[r] + penalty
-            if best[i] < 0 or c < best[i]:
-                best[i] = c
-                prev[i] = j
+    nb = n_pad // b
+    n_win = 0  # windows, edge windows included (_n_windows)
+    if wm > 0:
+        for g in range(grid.shape[0]):
+            n_win += grid[g, 0] * -(-(grid[g, 1] // m) // wm) * -(-(grid[g, 2] // m) // wm)
+    win_slot = np.empty(n_win, np.int64)
+    packed = w_pad = 0
+    if wm > 0:
+        packed = _pack_windows(grid, m, wm, win_slot)
+        w_pad = w_typical if packed <= w_typical else w_worst
+        assert packed <= w_pad
+    buf = np.empty(4 * n_pad + 2 * nb + 2 * w_pad * s, np.int32)
+    _fill_rotary(grid, m, buf[:2 * n_pad])
+    kv_max = _fill_segments(grid, b, buf[2 * n_pad:3 * n_pad], buf[4 * n_pad:4 * n_pad + nb],
+                            buf[4 * n_pad + nb:4 * n_pad + 2 * nb])
+    slot = buf[3 * n_pad:4 * n_pad]
+    if wm > 0:
+        t0 = 4 * n_pad + 2 * nb
+        _fill_window_slots(grid, m, wm, win_slot, packed, buf[t0:t0 + w_pad * s],
+                           buf[t0 + w_pad * s:t0 + 2 * w_pad * s], slot)
+    else:
+        for q in range(n_pad):
+            slot[q] = 0
+    return buf, w_pad, kv_max
+
+
+@numba.njit(cache=True)
+def _split_chunks(grid, rungs, cap, penalty, min_patches, rows, starts, keys, key_starts):
+    """split_grid's cut of a validated grid into chunks; returns the chunk count C.
+
+    One chunk when the request is a single frame or at most min_patches rows. Otherwise the
+    optimal cut, by dynamic programming over frame boundaries (O(F * frames per chunk)): a chunk
+    is frames j..i-1 with at most `cap` rows, or a single frame of any size, and costs
+    rungs[first rung >= its rows] + penalty; best[i] = least cost of frames 0..i-1, prev[i] =
+    start of the last chunk. Ties keep the shortest last chunk (earlier chunks are the larger
+    ones). rungs: int64, ascending, ending above any chunk's rows.
+
+    Outputs, int64 arrays the caller allocates: rows / keys [k + F, 3] (each cut splits at most
+    one grid row, so k + C - 1 rows suffice), starts / key_starts [F + 1]. Chunk c is
+    rows[starts[c]:starts[c + 1]], the grid rows it takes frames from, a video row cut along t
+    where a chunk boundary falls inside it; keys[key_starts[c]:key_starts[c + 1]] is the same
+    chunk with adjacent rows of equal (h, w) merged: every plan array depends on the frame
+    sequence only, so chunks with equal keys share one plan.
+    """
+    k = grid.shape[0]
+    n_frames = 0
+    for g in range(k):
+        n_frames += grid[g, 0]
+    cum = np.empty(n_frames + 1, np.int64)  # cum[i] = rows of frames 0..i-1
+    cum[0] = 0
+    f = 0
+    for g in range(k):
+        size = grid[g, 1] * grid[g, 2]
+        for _ in range(grid[g, 0]):
+            cum[f + 1] = cum[f] + size
+            f += 1
+    prev = np.empty(n_frames + 1, np.int64)
+    prev[n_frames] = 0
+    if n_frames > 1 and cum[n_frames] > min_patches:
+        best = np.empty(n_frames + 1, np.int64)
+        best[0] = 0
+        for i in range(1, n_frames + 1):
+            best[i] = -1
+            r = 0
+            for j in range(i - 1, -1, -1):
+                size = cum[i] - cum[j]
+                if size > cap and j < i - 1:
+                    break
+                while rungs[r] < size:
+                    r += 1
+                c = best[j] + rungs[r] + penalty
+                if best[i] < 0 or c < best[i]:
+                    best[i] = c
+                    prev[i] = j
+    cuts = np.empty(n_frames + 1, np.int64)  # chunk boundaries (frames), filled from the end
+    cuts[n_frames] = n_frames
+    n_chunks = 0
+    while cuts[n_frames - n_chunks] > 0:
+        cuts[n_frames - n_chunks - 1] = prev[cuts[n_frames - n_chunks]]
+        n_chunks += 1
+    cuts = cuts[n_frames - n_chunks:]
+
+    n_rows = n_keys = 0
+    g = 0
+    row_end = grid[0, 0]  # frames in grid rows 0..g
+    for c in range(n_chunks):
+        starts[c] = n_rows
+        key_starts[c] = n_keys
+        a, b = cuts[c], cuts[c + 1]
+        while a < b:
+            while row_end <= a:
+                g += 1
+                row_end += grid[g, 0]
+            take = min(b, row_end) - a
+            h, w = grid[g, 1], grid[g, 2]
+            rows[n_rows, 0] = take
+            rows[n_rows, 1] = h
+            rows[n_rows, 2] = w
+            n_rows += 1
+            if n_keys > key_starts[c] and keys[n_keys - 1, 1] == h and keys[n_keys - 1, 2] == w:
+                keys[n_keys - 1, 0] += take
+            else:
+                keys[n_keys, 0] = take
+                keys[n_keys, 1] = h
+                keys[n_keys, 2] = w
+                n_keys += 1
+            a += take
+    starts[n_chunks] = n_rows
+    key_starts[n_chunks] = n_keys
+    return n_chunks
 
 
 # ---- HF-exact index functions ----------------------------------------------------------------
@@ -263,11 +440,15 @@ def _frame_cu(g: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.repeat(g[:, 1] * g[:, 2], g[:, 0]))])
 
 
+def _n_windows(rows: list, m: int, wm: int) -> int:
+    """Windows of a grid given as a list of (t, h, w) rows (edge windows included)."""
+    return sum(t * -(-(h // m) // wm) * -(-(w // m) // wm) for t, h, w in rows)
+
+
 def _window_order(g: np.ndarray, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray]:
     m, wm = cfg.spatial_merge_size, cfg.window_merge
-    n_windows = int((g[:, 0] * -(-(g[:, 1] // m) // wm) * -(-(g[:, 2] // m) // wm)).sum())
     index = np.empty(int(np.prod(g, axis=1).sum()) // cfg.merge_unit, np.int64)
-    cu = np.empty(n_windows + 1, np.int32)
+    cu = np.empty(_n_windows(g.tolist(), m, wm) + 1, np.int32)
     _fill_window_order(g, m, wm, index, cu)
     return index, cu
 
@@ -279,7 +460,6 @@ def window_index(grid_thw, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"window_index needs a windowed config (variant {cfg.variant!r} has no windows)")
     g = validate_grid(grid_thw, cfg)
     return _window_order(g, cfg)
-
 
 
 def segment_lengths(grid_thw, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -349,8 +529,8 @@ class BucketPolicy:
 
     def rung(self, n: int) -> int:
         """Smallest rung >= n (n may exceed max_patches: one frame over budget gets its own rung)."""
-        table = _rung_table(self)
-        return int(table[int(np.searchsorted(table, n))])
+        table = _rung_tuple(self)
+        return table[bisect.bisect_left(table, n)]
 
     def block_size(self, patches: int) -> int:
         """Rows per block of a `patches`-row bucket: patches // ceil(patches / block)."""
@@ -386,6 +566,12 @@ def _rung_table(policy: BucketPolicy) -> np.ndarray:
     return table
 
 
+@functools.lru_cache(maxsize=32)
+def _rung_tuple(policy: BucketPolicy) -> tuple[int, ...]:
+    """_rung_table as Python ints: bisect on it is ~10x faster than np.searchsorted for one value."""
+    return tuple(_rung_table(policy).tolist())
+
+
 def coarse_ladder_value(n: int) -> int:
     """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and 1.5x them) >= n; 0 for n <= 0."""
     if n <= 0:
@@ -412,26 +598,20 @@ def coarse_ladder_value(n: int) -> int:
 # holds > S/2 rows, i.e. >= f rows as fills are multiples of mu, hence slots <= floor(N / f) + 1.
 def typical_windows(n_pad: int, cfg: VisionConfig) -> int:
     """W_pad of ordinary inputs of a bucket with n_pad rows (0 without windows)."""
-    if not cfg.windowed:
-        return 0
-    return -(-n_pad * 9 // (8 * cfg.window_patches)) + 2
+    return _typical_slots(n_pad, cfg.window_patches) if cfg.windowed else 0
 
 
 def worst_windows(n_pad: int, cfg: VisionConfig) -> int:
     """W_pad that any packing of n_pad rows fits (0 without windows); see the comment above."""
-    if not cfg.windowed:
-        return 0
-    mu, s = cfg.merge_unit, cfg.window_patches
+    return _worst_slots(n_pad, cfg.window_patches, cfg.merge_unit) if cfg.windowed else 0
+
+
+def _typical_slots(n_pad: int, s: int) -> int:
+    return -(-n_pad * 9 // (8 * s)) + 2
+
+
+def _worst_slots(n_pad: int, s: int, mu: int) -> int:
     return -(-n_pad // (mu * (s // (2 * mu) + 1))) + 1
-
-
-def _window_slots(n_pad: int, packed: int, cfg: VisionConfig) -> int:
-    typical = typical_windows(n_pad, cfg)
-    if packed <= typical:
-        return typical
-    worst = worst_windows(n_pad, cfg)
-    assert packed <= worst, (packed, worst, n_pad)
-    return worst
 
 
 # ---- splitting large requests ------------------------------------------------------------------
@@ -451,39 +631,24 @@ def split_grid(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy(
     sum(rung(chunk rows)) + chunk_penalty * chunks exactly, by dynamic programming over frame
     boundaries. Concatenating the chunks' frames gives the request's frames in order.
     """
-    g = validate_grid(grid_thw, cfg)
-    sizes = g[:, 1] * g[:, 2]
-    frames = np.repeat(sizes, g[:, 0])
-    n_frames = len(frames)
-    if n_frames == 1 or int(sizes @ g[:, 0]) <= policy.min_patches:
-        return [g]
-    cum = np.zeros(n_frames + 1, np.int64)
-    np.cumsum(frames, out=cum[1:])
-    table = _rung_table(policy)
-    top = int(np.searchsorted(table, max(policy.max_patches, int(frames.max()))))
-    best = np.empty(n_frames + 1, np.int64)
-    prev = np.empty(n_frames + 1, np.int64)
-    _split_frames(cum, table[: top + 1], policy.max_patches, chunk_penalty(policy), best, prev)
-    cuts = [n_frames]
-    while cuts[-1] > 0:
-        cuts.append(int(prev[cuts[-1]]))
-    cuts.reverse()
-    if len(cuts) == 2:
-        return [g]
-    # Frame f of the request is frame f - row_start[r] of grid row r.
-    row_end = np.cumsum(g[:, 0]).tolist()
+    rows, starts, _, _ = _split(validate_grid(grid_thw, cfg), policy)
+    return [rows[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def _split(g: np.ndarray, policy: BucketPolicy) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
+    """split_grid of a validated grid as (rows, starts, keys, key_starts): chunk c is
+    rows[starts[c]:starts[c + 1]], its plan key (adjacent rows of equal (h, w) merged) is
+    keys[key_starts[c]:key_starts[c + 1]] (int64 [., 3] arrays; see _split_chunks)."""
     rows = g.tolist()
-    chunks, r = [], 0
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        out = []
-        while a < b:
-            while row_end[r] <= a:
-                r += 1
-            take = min(b, row_end[r]) - a
-            out.append([take, rows[r][1], rows[r][2]])
-            a += take
-        chunks.append(np.array(out, np.int64))
-    return chunks
+    n_frames = sum(r[0] for r in rows)
+    if n_frames == 1:  # one frame: one chunk (skips a numba call)
+        return g, [0, 1], g, [0, 1]
+    k = len(rows)
+    out, keys = np.empty((k + n_frames, 3), np.int64), np.empty((k + n_frames, 3), np.int64)
+    starts, key_starts = np.empty(n_frames + 1, np.int64), np.empty(n_frames + 1, np.int64)
+    n_chunks = _split_chunks(g, _rung_table(policy), policy.max_patches, chunk_penalty(policy),
+                             policy.min_patches, out, starts, keys, key_starts)
+    return out, starts[:n_chunks + 1].tolist(), keys, key_starts[:n_chunks + 1].tolist()
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -526,72 +691,62 @@ def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy(
     """Validate `grid_thw` and return one (cached) `Plan` per chunk of `split_grid`, in order; each
     plan's grid_thw is its chunk's grid."""
     g = validate_grid(grid_thw, cfg)
+    if g.shape[0] == 1 and g[0, 0] == 1:  # one frame (an image): one chunk, nothing to split
+        return [_make_plan(g.tobytes(), 1, cfg, policy)]
     return list(_make_plans(g.tobytes(), g.shape[0], cfg, policy))
 
 
 @functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
 def _make_plans(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolicy) -> tuple[Plan, ...]:
-    g = np.frombuffer(grid_bytes, np.int64).reshape(k, 3)
-    return tuple(_chunk_plan(c, cfg, policy) for c in split_grid(g, cfg, policy))
-
-
-def _chunk_plan(chunk: np.ndarray, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
-    """make_plan(chunk), sharing arrays between chunks with the same frames: adjacent rows of equal
-    (h, w) merge into one row first (every array depends on the frame sequence only), so the
-    chunks of a long video ([[10, h, w], [2, h, w]], [[8, h, w], [4, h, w]], ...) build one plan."""
-    rows = []
-    for t, h, w in chunk.tolist():
-        if rows and rows[-1][1:] == [h, w]:
-            rows[-1][0] += t
-        else:
-            rows.append([t, h, w])
-    if len(rows) == len(chunk):
-        return _make_plan(chunk.tobytes(), len(chunk), cfg, policy)
-    merged = np.array(rows, np.int64)
-    plan = _make_plan(merged.tobytes(), len(merged), cfg, policy)
-    grid = chunk.copy()
-    grid.flags.writeable = False
-    return dataclasses.replace(plan, grid_thw=grid)
+    """One plan per chunk. Chunks with the same frames share one plan's arrays: the plan is cached
+    under the chunk's merged rows, so the chunks of a long video ([[10, h, w], [2, h, w]],
+    [[8, h, w], [4, h, w]], ...) build one plan and differ only in grid_thw."""
+    g = _grid(grid_bytes, k)
+    rows, starts, keys, key_starts = _split(g, policy)
+    key_bytes, row = keys.tobytes(), 3 * keys.itemsize  # a key is a slice of it: no per-chunk array
+    plans = []
+    for c in range(len(starts) - 1):
+        k0, k1 = key_starts[c], key_starts[c + 1]
+        plan = _make_plan(key_bytes[row * k0:row * k1], k1 - k0, cfg, policy)
+        if k1 - k0 != starts[c + 1] - starts[c]:  # rows were merged: the chunk's own grid
+            grid = rows[starts[c]:starts[c + 1]].copy()
+            grid.setflags(write=False)
+            plan = dataclasses.replace(plan, grid_thw=grid)
+        plans.append(plan)
+    return tuple(plans)
 
 
 @functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
 def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
-    g = np.frombuffer(grid_bytes, np.int64).reshape(k, 3).copy()
-    n = int(np.prod(g, axis=1).sum())
+    """Build one plan: the bucket from Python ints, the arrays in one numba call (_build_plan)."""
+    g = _grid(grid_bytes, k)
+    n = sum(t * h * w for t, h, w in g.tolist())
     n_pad = policy.rung(n)
     b = policy.block_size(n_pad)
-    nb = n_pad // b
-
-    pos = np.zeros((n_pad, 2), np.int32)
-    _fill_rotary(g, cfg.spatial_merge_size, pos.reshape(-1))
-    seg = np.empty(n_pad, np.int32)
-    kv_start = np.empty(nb, np.int32)
-    kv_count = np.empty(nb, np.int32)
-    _fill_segments(_frame_cu(g), b, seg, kv_start, kv_count)
-    key_blocks = min(coarse_ladder_value(int(kv_count.max())), nb)
-
-    s = cfg.window_patches
-    slot = np.zeros(n_pad, np.int32)
-    if cfg.windowed:
-        index, cu = _window_order(g, cfg)
-        n_win, top = len(cu) - 1, s // cfg.merge_unit
-        win_slot, work = np.empty(n_win, np.int64), np.empty(n_win, np.int64)
-        packed = _pack_windows(cu, cfg.merge_unit, s, np.empty(top + 1, np.int64), np.empty(n_win, np.int64),
-                               win_slot, np.empty(top + 1, np.int64), work)
-        w_pad = _window_slots(n_pad, packed, cfg)
-        tokens = np.full((w_pad, s), -1, np.int32)
-        ids = np.full((w_pad, s), -1, np.int32)
-        _fill_packed_slots(index, cu, cfg.merge_unit, s, win_slot, work[:packed], tokens.reshape(-1),
-                           ids.reshape(-1), slot)
-    else:
-        w_pad = 0
-        tokens = np.full((0, s), -1, np.int32)
-        ids = np.full((0, s), -1, np.int32)
-    bucket = Bucket(patches=n_pad, windows=w_pad, key_blocks=key_blocks, block=b)
-
-    arrays = (g, pos, seg, kv_start, kv_count, tokens, ids, slot)
-    for a in arrays:
-        a.flags.writeable = False
+    m, s = cfg.spatial_merge_size, cfg.window_patches
+    if cfg.windowed:  # (typical_windows / worst_windows, without re-reading cfg's properties)
+        wm, w_typical, w_worst = cfg.window_merge, _typical_slots(n_pad, s), _worst_slots(n_pad, s, m * m)
+    else:  # Qwen2-VL, or a Qwen2.5-VL config without window layers
+        wm = w_typical = w_worst = 0
+    buf, w_pad, kv_max = _build_plan(g, m, wm, s, n_pad, b, w_typical, w_worst)
+    buf.setflags(write=False)  # before slicing: the views inherit it
+    g.setflags(write=False)
+    pos, seg, slot, kv_start, kv_count, tokens, ids = _plan_views(buf, n_pad, n_pad // b, w_pad, s)
+    bucket = Bucket(n_pad, w_pad, min(coarse_ladder_value(kv_max), n_pad // b), b)
     return Plan(grid_thw=g, n_patches=n, bucket=bucket, pos_ids=pos, segment_ids=seg,
                 kv_block_start=kv_start, kv_block_count=kv_count, window_tokens=tokens,
                 window_ids=ids, window_slot=slot)
+
+
+def _plan_views(buf: np.ndarray, n_pad: int, nb: int, w_pad: int, s: int) -> tuple[np.ndarray, ...]:
+    """(pos, seg, slot, kv_start, kv_count, tokens, ids): the arrays of _build_plan's buffer."""
+    t0, i0 = 4 * n_pad + 2 * nb, 4 * n_pad + 2 * nb + w_pad * s
+    return (buf[:2 * n_pad].reshape(n_pad, 2), buf[2 * n_pad:3 * n_pad], buf[3 * n_pad:4 * n_pad],
+            buf[4 * n_pad:4 * n_pad + nb], buf[4 * n_pad + nb:t0], buf[t0:i0].reshape(w_pad, s),
+            buf[i0:].reshape(w_pad, s))
+
+
+def _grid(grid_bytes: bytes, k: int) -> np.ndarray:
+    """The int64 [k, 3] grid of a cache key, writable (numba compiles its kernels for writable
+    arrays only; a read-only one would be another compile)."""
+    return np.ndarray((k, 3), np.int64, bytearray(grid_bytes))

@@ -217,12 +217,12 @@ def test_sharded_reads_only_vision_shards(ckpts, tmp_path, monkeypatch, variant)
         (d / f).unlink()
     opened = []
 
-    class Spy(convert._SafetensorsFile):
+    class Spy(convert.SafetensorsFile):
         def __init__(self, path):
             opened.append(pathlib.Path(path).name)
             super().__init__(path)
 
-    monkeypatch.setattr(convert, "_SafetensorsFile", Spy)
+    monkeypatch.setattr(convert, "SafetensorsFile", Spy)
     cfg, params = read_hf_vision_params(d)
     assert sorted(opened) == sorted(vision_files)
     assert_params_equal(params, expected_ours(c.sd32, variant))

@@ -8,13 +8,25 @@ import time
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import vision_utils as hf
 
 from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.plan import (
-    BucketPolicy, chunk_penalty, coarse_ladder_value, frame_cu_seqlens, make_plan, make_plans, rotary_ids,
-    segment_lengths, split_grid, typical_windows, validate_grid, window_index, worst_windows,
+    BucketPolicy,
+    chunk_penalty,
+    coarse_ladder_value,
+    frame_cu_seqlens,
+    make_plan,
+    make_plans,
+    rotary_ids,
+    segment_lengths,
+    split_grid,
+    typical_windows,
+    validate_grid,
+    window_index,
+    worst_windows,
 )
 
 WIN56 = dataclasses.replace(QWEN2_5_VL_3B, window_size=56)
@@ -257,6 +269,16 @@ def test_non_windowed_plan():
     check_plan(plan, grid, QWEN2_VL_2B, BucketPolicy())
 
 
+def test_plan_without_window_layers():
+    """A Qwen2.5-VL config whose blocks all use full attention: no window slots, slot width kept."""
+    cfg = dataclasses.replace(QWEN2_5_VL_3B, fullatt_block_indexes=tuple(range(QWEN2_5_VL_3B.depth)))
+    assert not cfg.windowed and cfg.window_patches == 64
+    grid = [[2, 12, 8], [1, 4, 4]]
+    plan = make_plan(grid, cfg)
+    assert plan.bucket.windows == 0 and plan.window_tokens.shape == plan.window_ids.shape == (0, 64)
+    check_plan(plan, grid, cfg, BucketPolicy())
+
+
 def test_segment_lengths():
     grid = [[2, 12, 8], [1, 4, 4]]
     frames, windows = segment_lengths(grid, QWEN2_5_VL_3B)
@@ -467,6 +489,28 @@ def test_split_timing():
     assert med < 2e-3  # target 1 ms; slack for a loaded 2-core machine
 
 
+def test_uncached_plan_timing():
+    """make_plans on grids it has not seen (plan caches cleared before each call, as
+    benchmarks/bench_plan.py does). Targets ~60 us and ~1 ms; bounds with slack for a loaded
+    2-core machine (and for page faults: a process that never freed a large block gets ten
+    fresh 400 kB plans from the kernel page by page)."""
+    from qwen_vit_jax import plan as planlib
+
+    caches = [planlib._make_plan, planlib._make_plans]
+    for grid, bound in [([[1, 36, 36]], 300e-6), (SPLIT_CASES["ten_jittered"][0], 20e-3)]:
+        make_plans(grid, QWEN2_5_VL_3B)
+        times = []
+        for _ in range(20):
+            for f in caches:
+                f.cache_clear()
+            t0 = time.perf_counter()
+            make_plans(grid, QWEN2_5_VL_3B)
+            times.append(time.perf_counter() - t0)
+        med = float(np.median(times))
+        print(f"\nuncached make_plans, {sum(t * h * w for t, h, w in grid)} patches: median {med * 1e6:.0f} us")
+        assert med < bound
+
+
 @pytest.mark.parametrize("cfg", [QWEN2_5_VL_3B, QWEN2_VL_2B], ids=["win112", "qwen2vl"])
 @pytest.mark.parametrize("name", ["10x36x36", "ten_videos", "ten_jittered", "1x128x128"])
 def test_make_plans_matches_make_plan(name, cfg):
@@ -501,6 +545,18 @@ def test_make_plans_matches_make_plan(name, cfg):
 def test_validate_errors(grid, match):
     with pytest.raises(ValueError, match=match):
         validate_grid(grid, QWEN2_5_VL_3B)
+
+
+def test_validate_layouts_and_dtypes():
+    """Any integer dtype and memory layout: an int64, C-ordered, writable copy, and the same plan."""
+    base = np.array([[2, 4, 6], [1, 8, 8]])
+    plan = make_plan(base, QWEN2_5_VL_3B)
+    for arr in (base.astype(np.int32), base.astype(np.uint16), np.asfortranarray(base),
+                np.repeat(base, 2, axis=0)[::2], np.ascontiguousarray(base[::-1])[::-1]):
+        g = validate_grid(arr, QWEN2_5_VL_3B)
+        assert g.dtype == np.int64 and g.flags.c_contiguous and g.flags.writeable
+        assert g.tolist() == base.tolist() and not np.shares_memory(g, arr)
+        assert make_plan(arr, QWEN2_5_VL_3B) is plan
 
 
 def test_validate_ok():
