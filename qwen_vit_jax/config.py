@@ -133,26 +133,31 @@ class VisionConfig:
         `hidden_act`) and the transformers 5.x `save_pretrained` layout are understood. Missing
         fields take HF's own defaults for that variant, as HF would.
         """
-        if isinstance(path_or_dict, dict):
-            d, where = path_or_dict, "config dict"
-        else:
-            path = os.fspath(path_or_dict)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"no HF config at {path}")
-            try:
-                with open(path) as f:
-                    d = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
-            where = path
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected a JSON object")
+        d, where = load_json_object(path_or_dict, "config.json", "HF config")
         try:
             return _from_hf_dict(d)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: cannot read a Qwen vision config: {e}") from None
+
+
+def load_json_object(path_or_dict, filename: str, what: str) -> tuple[dict[str, Any], str]:
+    """(the JSON object, where it came from) from a dict, a JSON file, or a directory holding
+    `filename`. FileNotFoundError for a missing file, ValueError for bad JSON or a non-object."""
+    if isinstance(path_or_dict, dict):
+        return path_or_dict, f"{what} dict"
+    path = os.fspath(path_or_dict)
+    if os.path.isdir(path):
+        path = os.path.join(path, filename)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(d).__name__}")
+    return d, path
 
 
 def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:

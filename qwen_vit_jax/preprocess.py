@@ -32,13 +32,14 @@ pixel range (min 128*28*28, max 768*28*28); pass min_pixels / max_pixels to use 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from qwen_vit_jax.config import load_json_object
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -127,22 +128,7 @@ class PreprocessConfig:
         `size` = {"shortest_edge", "longest_edge"} (also accepted there: "min_pixels" / "max_pixels").
         Missing or null fields keep the defaults; unknown keys are ignored; bad values raise ValueError.
         """
-        if isinstance(path_or_dict, dict):
-            d, where = path_or_dict, "preprocessor config dict"
-        else:
-            path = os.fspath(path_or_dict)
-            if os.path.isdir(path):
-                path = os.path.join(path, "preprocessor_config.json")
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"no HF preprocessor config at {path}")
-            try:
-                with open(path) as f:
-                    d = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
-            where = path
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        d, where = load_json_object(path_or_dict, "preprocessor_config.json", "HF preprocessor config")
 
         kw: dict[str, Any] = {}
         size = d.get("size")
