@@ -150,7 +150,7 @@ class VisionEncoder:
         """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
         buckets = []
         for g in grids:
-            for plan in planlib.make_plans(planlib.validate_grid(g, self.cfg), self.cfg, self.policy):
+            for plan in planlib.make_plans(g, self.cfg, self.policy):
                 self._program(plan.bucket)
                 buckets.append(plan.bucket)
         return buckets
@@ -159,7 +159,7 @@ class VisionEncoder:
     def _prepare(self, pixel_values, grid_thw) -> tuple[list[planlib.Plan], list[np.ndarray]]:
         """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket."""
         cfg = self.cfg
-        grid = planlib.validate_grid(grid_thw, cfg)
+        plans = planlib.make_plans(grid_thw, cfg, self.policy)  # validates grid_thw
         px = np.asarray(pixel_values)
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, {cfg.patch_dim}], got shape {px.shape}")
@@ -171,10 +171,9 @@ class VisionEncoder:
             )
         if not (np.issubdtype(px.dtype, np.floating) or np.issubdtype(px.dtype, np.integer)):
             raise ValueError(f"pixel_values must be numeric, got dtype {px.dtype}")
-        expected = int(np.prod(grid, axis=1).sum())
+        expected = sum(p.n_patches for p in plans)
         if px.shape[0] != expected:
             raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {expected}")
-        plans = planlib.make_plans(grid, cfg, self.policy)
         host_dtype = np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
         padded, start = [], 0
         for plan in plans:
@@ -192,7 +191,7 @@ class VisionEncoder:
         real rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes`
         (the compiled programs' largest temp allocation), `patches` and `padded_patches`.
         """
-        plans = planlib.make_plans(planlib.validate_grid(grid_thw, self.cfg), self.cfg, self.policy)
+        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
         compiled = sum(self._compiled_flops(p.bucket) for p in plans)
         frames, windows = planlib.segment_lengths(np.concatenate([p.grid_thw for p in plans]), self.cfg)
         ideal = cost.ideal_flops(self.cfg, frames, windows)
