@@ -107,56 +107,70 @@ def segment_attention(
     k: jax.Array,
     v: jax.Array,
     segment_ids: jax.Array,
-    kv_block_start: jax.Array,
-    kv_block_count: jax.Array,
+    tiles: jax.Array,
+    block: int,
     key_blocks: int,
     num: Numerics,
     *,
     unroll: bool = False,
 ) -> jax.Array:
-    """Attention within segments (frames), blockwise with an online softmax.
+    """Attention within segments (frames) over tiles: one 2-D problem per (head, tile).
 
-    Row r attends to row s iff segment_ids[r] == segment_ids[s]. Query block i only visits
-    key blocks kv_block_start[i] .. kv_block_start[i] + kv_block_count[i] - 1, which the
-    host plan guarantees cover all of its segments.
+    Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
+    blocks of `block` rows; a tile is one query block restricted to a run of consecutive frames
+    (rows of other frames get exactly zero from it) and needs only the contiguous key blocks of
+    those frames. Tiles 0..NB-1 are the blocks themselves (tile i: block i); extra tiles
+    NB..T-1 are further frame runs of blocks that straddle frames, added to their block's rows.
+    So a block straddling two long frames costs two tiles of about one frame's key blocks each,
+    not one tile over both frames.
+
+    Each tile attends to a window of `key_blocks` consecutive key blocks that holds its range
+    (the window is shifted left where the range ends near the last block), with a plain softmax
+    over the window. The loops run over heads, then tiles: every matmul is a plain 2-D dot
+    ([block, Dh] x [Dh, window] and [block, window] x [window, Dh]), which XLA's CPU backend runs
+    2-3x faster than the same work as batched dots, and the live scores are one tile's.
 
     Args:
-      q, k, v: [N, H, Dh] (q, k already rotated); N = num_blocks * block.
-      segment_ids: [N] int32.
-      kv_block_start, kv_block_count: [num_blocks] int32.
-      key_blocks: static trip count, >= max(kv_block_count).
-      unroll: unroll the key-block loop (for cost analysis only).
+      q, k, v: [N, H, Dh] (q, k already rotated); N = NB * block.
+      segment_ids: [N] int32 (-1 for padding rows).
+      tiles: [5, T] int32, T >= NB: query block, first frame, last frame, first key block,
+        number of key blocks of each tile (plan._group_tiles); an empty tile has count 0.
+      block: rows per block (static).
+      key_blocks: static window, in blocks: >= every tile's key-block count, <= NB.
+      unroll: vectorise the loops instead (the same arithmetic; for XLA's cost analysis, which
+        counts a loop body once).
     Returns:
-      [N, H, Dh] float32.
+      [N, H, Dh] float32. Padding rows get zeros.
     """
     n, h, dh = q.shape
-    nb = kv_block_start.shape[0]
-    block = n // nb
-    scale = dh**-0.5
-    qb = (q * scale).reshape(nb, block, h, dh)  # [B, Q, H, Dh]
-    kb = k.reshape(nb, block, h, dh)  # [B, K, H, Dh]
-    vb = v.reshape(nb, block, h, dh)
-    seg = segment_ids.reshape(nb, block)  # [B, Q]
+    nb = n // block
+    segment_ids, tiles = jnp.asarray(segment_ids), jnp.asarray(tiles)
+    n_extra = tiles.shape[1] - nb
+    t_block, t_first, t_last, kv_start, _ = tiles  # [T] each
+    window = key_blocks * block
+    w0 = jnp.minimum(kv_start, nb - key_blocks) * block  # [T] first key row of each tile's window
+    qh = (q * dh**-0.5).transpose(1, 0, 2).reshape(h, nb, block, dh)  # [H, NB, Q, Dh]
+    kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, N, Dh]
+    seg = segment_ids.reshape(nb, block)  # [NB, Q]
 
-    def step(j, carry):
-        m, l, acc = carry  # [B, H, Q], [B, H, Q], [B, H, Q, Dh]
-        active = j < kv_block_count  # [B]
-        kbi = jnp.where(active, kv_block_start + j, kv_block_start)  # [B]
-        s = num.einsum("bqhd,bkhd->bhqk", qb, kb[kbi])  # [B, H, Q, K]
-        mask = (seg[:, None, :, None] == seg[kbi][:, None, None, :]) & active[:, None, None, None]
+    def tile(qx, kx, vx, t_blk, first, last, r0):
+        """qx: [NB, Q, Dh], kx / vx: [N, Dh] (one head) -> [Q, Dh]."""
+        sq = seg[t_blk]  # [Q]
+        sk = lax.dynamic_slice_in_dim(segment_ids, r0, window)  # [K]
+        mask = (sq[:, None] == sk[None, :]) & ((sq >= first) & (sq <= last))[:, None]  # [Q, K]
+        s = num.einsum("qd,kd->qk", qx[t_blk], lax.dynamic_slice_in_dim(kx, r0, window))  # [Q, K]
         s = jnp.where(mask, s, NEG_INF)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-        alpha = jnp.exp(m - m_new)
-        l = l * alpha + p.sum(axis=-1)
-        acc = acc * alpha[..., None] + num.einsum("bhqk,bkhd->bhqd", p, vb[kbi])
-        return m_new, l, acc
+        p = jnp.where(mask, jnp.exp(s - s.max(axis=-1, keepdims=True)), 0.0)
+        o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [Q, Dh]
+        return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
-    init = (
-        jnp.full((nb, h, block), NEG_INF, jnp.float32),
-        jnp.zeros((nb, h, block), jnp.float32),
-        jnp.zeros((nb, h, block, dh), jnp.float32),
-    )
-    _, l, acc = lax.fori_loop(0, key_blocks, step, init, unroll=unroll)
-    out = acc / jnp.maximum(l, 1e-30)[..., None]  # [B, H, Q, Dh]
-    return out.transpose(0, 2, 1, 3).reshape(n, h, dh)  # [B, Q, H, Dh] -> [N, H, Dh]
+    def head(qx, kx, vx):
+        args = (t_block, t_first, t_last, w0)
+        if unroll:
+            return jax.vmap(tile, (None, None, None, 0, 0, 0, 0))(qx, kx, vx, *args)
+        return lax.map(lambda a: tile(qx, kx, vx, *a), args)  # [T, Q, Dh]
+
+    out = jax.vmap(head)(qh, kh, vh) if unroll else lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, Q, Dh]
+    if n_extra:  # each row is in exactly one tile: adding the others' zeros is exact
+        out = out[:, :nb].at[:, t_block[nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
+    return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]

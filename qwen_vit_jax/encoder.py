@@ -31,8 +31,9 @@ from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model import abstract_model
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
+STATIC = ("key_blocks", "block")  # the bucket's static arguments of the forward
 PLAN_KEYS = (
-    "pos_ids", "segment_ids", "kv_block_start", "kv_block_count", "window_tokens", "window_ids", "window_slot",
+    "pos_ids", "segment_ids", "tiles", "window_tokens", "window_ids", "window_slot",
 )
 
 
@@ -209,8 +210,8 @@ class VisionEncoder:
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
         if bucket not in self._flops:
             pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
-            forward = jax.jit(functools.partial(self._forward, unroll=True), static_argnames="key_blocks")
-            lowered = forward.lower(self._state, pixels, tables, key_blocks=bucket.key_blocks)
+            forward = jax.jit(functools.partial(self._forward, unroll=True), static_argnames=STATIC)
+            lowered = forward.lower(self._state, pixels, tables, key_blocks=bucket.key_blocks, block=bucket.block)
             self._flops[bucket] = float(lowered.cost_analysis()["flops"])
         return self._flops[bucket]
 
@@ -220,28 +221,27 @@ class VisionEncoder:
             t0 = time.perf_counter()
             pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
             program = (
-                jax.jit(self._forward, static_argnames="key_blocks")
-                .lower(self._state, pixels, tables, key_blocks=bucket.key_blocks)
+                jax.jit(self._forward, static_argnames=STATIC)
+                .lower(self._state, pixels, tables, key_blocks=bucket.key_blocks, block=bucket.block)
                 .compile()
             )
             self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
         return program
 
-    def _forward(self, state, pixels, tables, *, key_blocks: int, unroll: bool = False):
+    def _forward(self, state, pixels, tables, *, key_blocks: int, block: int, unroll: bool = False):
         model = nnx.merge(self._graphdef, state)
-        return model(pixels, tables, key_blocks=key_blocks, unroll=unroll)
+        return model(pixels, tables, key_blocks=key_blocks, block=block, unroll=unroll)
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str):
     """Shapes of one bucket's inputs (what a Plan's device_arrays() holds)."""
-    n, nb = bucket.patches, bucket.patches // bucket.block
+    n = bucket.patches
     i32 = jnp.int32
     tables = {
         "pos_ids": jax.ShapeDtypeStruct((n, 2), i32),
         "segment_ids": jax.ShapeDtypeStruct((n,), i32),
-        "kv_block_start": jax.ShapeDtypeStruct((nb,), i32),
-        "kv_block_count": jax.ShapeDtypeStruct((nb,), i32),
+        "tiles": jax.ShapeDtypeStruct((5, bucket.tiles), i32),
         "window_tokens": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
         "window_ids": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
         "window_slot": jax.ShapeDtypeStruct((n,), i32),

@@ -127,7 +127,7 @@ class Attention(nnx.Module):
         self.qkv = Linear(cfg.width, 3 * cfg.width, num, rngs=rngs)
         self.proj = Linear(cfg.width, cfg.width, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, unroll: bool = False) -> jax.Array:
+    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, block: int, unroll: bool = False) -> jax.Array:
         """x: [N, D]; full: bool or a traced bool (scan over mixed layers)."""
         n, d = x.shape
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3, H, Dh]
@@ -136,8 +136,7 @@ class Attention(nnx.Module):
 
         def full_attn(q, k, v):
             return segment_attention(
-                q, k, v, plan["segment_ids"], plan["kv_block_start"], plan["kv_block_count"],
-                key_blocks, self.num, unroll=unroll,
+                q, k, v, plan["segment_ids"], plan["tiles"], block, key_blocks, self.num, unroll=unroll,
             )
 
         def window_attn(q, k, v):
@@ -188,8 +187,9 @@ class Block(nnx.Module):
         self.norm2 = Norm(cfg.width, cfg)
         self.mlp = (SwiGLU if cfg.variant == QWEN2_5_VL else MLP)(cfg, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, unroll: bool = False):
-        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full, key_blocks=key_blocks, unroll=unroll)
+    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, block: int, unroll: bool = False):
+        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full, key_blocks=key_blocks, block=block,
+                          unroll=unroll)
         return x + self.mlp(self.norm2(x))
 
 
@@ -233,14 +233,14 @@ class VisionTransformer(nnx.Module):
         self.merger = PatchMerger(cfg, num, rngs=rngs)
 
     def __call__(
-        self, pixels: jax.Array, plan: dict[str, jax.Array], *, key_blocks: int, unroll: bool = False
+        self, pixels: jax.Array, plan: dict[str, jax.Array], *, key_blocks: int, block: int,
+        unroll: bool = False,
     ) -> jax.Array:
         """Args:
           pixels: [N, patch_dim], N a bucket size (rows >= the real count are padding).
           plan: the device arrays of a qwen_vit_jax.plan.Plan (pos_ids [N, 2], segment_ids [N],
-            kv_block_start / kv_block_count [N / block], window_tokens / window_ids [W, S],
-            window_slot [N]).
-          key_blocks: the bucket's static number of key blocks per query block.
+            tiles [5, T], window_tokens / window_ids [W, S], window_slot [N]).
+          key_blocks, block: the bucket's static key blocks per attention tile and rows per block.
           unroll: unroll the layer scan and the attention loop (same arithmetic, much larger
             program): XLA's cost analysis counts a loop body once, so FLOP counts need this.
         Returns:
@@ -254,18 +254,18 @@ class VisionTransformer(nnx.Module):
         graphdef, stacked = nnx.split(self.blocks)
         if unroll:  # one copy of every layer: only for XLA's cost analysis (cost.py)
             for i, full in enumerate(layers):
-                block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
-                x = block(x, cos, sin, plan, full=full, key_blocks=key_blocks, unroll=True)
+                layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
+                x = layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block, unroll=True)
             return self.merger(x)
 
         uniform = all(layers) or not any(layers)
 
         def body(x, xs):
             state, full = xs
-            block = nnx.merge(graphdef, state)
+            layer = nnx.merge(graphdef, state)
             if uniform:
                 full = layers[0]
-            return block(x, cos, sin, plan, full=full, key_blocks=key_blocks), None
+            return layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block), None
 
         x, _ = jax.lax.scan(body, x, (stacked, jnp.asarray(layers)))  # [N, D]
         return self.merger(x)

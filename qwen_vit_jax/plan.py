@@ -120,19 +120,8 @@ def _fill_rotary(grid, m, flat):
 
 
 @numba.njit(cache=True)
-def _fill_segments(grid, block, seg, kv_start, kv_count):
-    """Frame id per row (-1 for padding) and the contiguous key-block range of each query block;
-    returns max(kv_count).
-
-    seg: int32 [N_pad]; kv_start / kv_count: int32 [N_pad // block]. A query block must see every
-    key block of every frame it holds a row of: frames come in order, so its range runs from the
-    first block of the first such frame to the last block of the last one. Padding rows only see
-    padding rows of their own block, so a padding tail never widens the range (a pure-padding
-    block i gets [i, i]; the mixed block ends where the last frame ends, in that very block).
-    """
-    for i in range(kv_start.shape[0]):
-        kv_start[i] = i
-        kv_count[i] = i  # the range's last block until the final pass
+def _fill_segments(grid, seg):
+    """Frame id per row, -1 for padding rows. seg: int32 [N_pad]."""
     f = 0
     r0 = 0
     for g in range(grid.shape[0]):
@@ -141,22 +130,120 @@ def _fill_segments(grid, block, seg, kv_start, kv_count):
             frame = seg[r0:r0 + size]
             for q in range(size):
                 frame[q] = f
-            b0, b1 = r0 // block, (r0 + size - 1) // block
-            for i in range(b0, b1 + 1):
-                if b0 < kv_start[i]:
-                    kv_start[i] = b0
-                kv_count[i] = b1  # later frames end later
             f += 1
             r0 += size
     pad = seg[r0:]
     for q in range(pad.shape[0]):
         pad[q] = -1
-    kv_max = 0
-    for i in range(kv_start.shape[0]):
-        kv_count[i] = kv_count[i] - kv_start[i] + 1
-        if kv_count[i] > kv_max:
-            kv_max = kv_count[i]
-    return kv_max
+
+
+@numba.njit(cache=True)
+def _frame_blocks(grid, block):
+    """(fb0, fb1): int64 [F], the first and last block of `block` rows holding each frame."""
+    n_frames = 0
+    for g in range(grid.shape[0]):
+        n_frames += grid[g, 0]
+    fb0, fb1 = np.empty(n_frames, np.int64), np.empty(n_frames, np.int64)
+    f = r0 = 0
+    for g in range(grid.shape[0]):
+        size = grid[g, 1] * grid[g, 2]
+        for _ in range(grid[g, 0]):
+            fb0[f], fb1[f] = r0 // block, (r0 + size - 1) // block
+            f += 1
+            r0 += size
+    return fb0, fb1
+
+
+@numba.njit(cache=True)
+def _coarse(n):
+    """coarse_ladder_value in numba."""
+    if n <= 0:
+        return 0
+    p = 1
+    while p < n:
+        if p >= 2 and p + p // 2 >= n:
+            return p + p // 2
+        p *= 2
+    return p
+
+
+@numba.njit(cache=True)
+def _group_tiles(fb0, fb1, nb, kb, tiles):
+    """Cut every query block's frames into tiles whose key ranges span at most `kb` blocks;
+    returns the number of extra tiles (tiles beyond one per block).
+
+    A tile is (query block, a run of consecutive frames with rows in it): its key range runs from
+    the first block of its first frame to the last block of its last one. Greedy per block: a
+    frame joins the current run while the run's range stays within kb blocks (kb >= the span of
+    any single frame). Block i's first run is tile i, its other runs are extra tiles NB, NB + 1,
+    ... in block order. A block without frames (pure padding) gets an empty tile i.
+
+    tiles: int32 [5, T] (rows: block, first frame, last frame, first key block, key block count),
+    T >= NB + extras, or an empty [5, 0] array to only count. An empty tile has first frame 0,
+    last frame -1 and count 0; unused extra tiles stay empty.
+    """
+    fill = tiles.shape[1] > 0
+    if fill:
+        for t in range(tiles.shape[1]):
+            tiles[0, t], tiles[1, t], tiles[2, t], tiles[3, t], tiles[4, t] = 0, 0, -1, 0, 0
+    n_frames = fb0.shape[0]
+    extra = 0
+    fa = 0  # first frame that ends in or after block i
+    for i in range(nb):
+        while fa < n_frames and fb1[fa] < i:
+            fa += 1
+        if fill:
+            tiles[0, i], tiles[3, i] = i, i
+        f = fa
+        runs = 0
+        while f < n_frames and fb0[f] <= i:  # one run of frames per iteration
+            lo, first, last = fb0[f], f, f
+            f += 1
+            while f < n_frames and fb0[f] <= i and fb1[f] - lo + 1 <= kb:
+                last = f
+                f += 1
+            t = i if runs == 0 else nb + extra
+            if fill:
+                tiles[0, t], tiles[1, t], tiles[2, t] = i, first, last
+                tiles[3, t], tiles[4, t] = lo, fb1[last] - lo + 1
+            if runs > 0:
+                extra += 1
+            runs += 1
+    return extra
+
+
+@numba.njit(cache=True)
+def _choose_tiles(fb0, fb1, nb):
+    """(KB, T): the key-block trip count and the tile count of full attention, chosen to
+    minimise T * KB (the blocks of attention computed per full layer), ties to fewer tiles.
+
+    Candidates: KB on the coarse ladder from the widest single frame's span up to the widest
+    block's union of frames (capped at NB; with that one, T == NB: one tile per block, no
+    extras). T = NB + coarse(extras). A single frame always gives T == NB: every block holds
+    one frame.
+    """
+    empty = np.empty((5, 0), np.int32)
+    k1 = 1
+    for f in range(fb0.shape[0]):
+        k1 = max(k1, fb1[f] - fb0[f] + 1)
+    k_union = 1
+    fa = 0
+    for i in range(nb):
+        while fa < fb0.shape[0] and fb1[fa] < i:
+            fa += 1
+        fz = fa
+        while fz + 1 < fb0.shape[0] and fb0[fz + 1] <= i:
+            fz += 1
+        if fa < fb0.shape[0] and fb0[fa] <= i:
+            k_union = max(k_union, fb1[fz] - fb0[fa] + 1)
+    best_kb, best_t = min(_coarse(k_union), nb), nb
+    kb = _coarse(k1)
+    while kb < best_kb:
+        t = nb + _coarse(_group_tiles(fb0, fb1, nb, kb, empty))
+        if t * kb < best_t * best_kb:
+            best_kb, best_t = kb, t
+        kb = _coarse(kb + 1)
+    return best_kb, best_t
 
 
 @numba.njit(cache=True)
@@ -299,14 +386,14 @@ def _fill_window_slots(grid, m, wm, win_slot, n_slots, tokens, ids, slot):
 
 @numba.njit(cache=True)
 def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
-    """Every int32 array of one plan, in ONE flat buffer; returns (buf, W_pad, max(kv_count)).
+    """Every int32 array of one plan, in ONE flat buffer; returns (buf, W_pad, KB, T).
 
     grid: int64 [k, 3], validated, N rows; m: spatial merge size; wm: window side in merge units
     (0: no window attention, W_pad = 0); s: slot width S; n_pad, b: the bucket's rows and block;
     w_typical / w_worst: typical_windows / worst_windows of n_pad. W_pad is w_typical whenever the
-    packing fits it, else w_worst (proven enough). Layout of buf (NB = n_pad // b), see _plan_views:
-        pos [N_pad, 2] | seg [N_pad] | slot [N_pad] | kv_start [NB] | kv_count [NB]
-        | tokens [W_pad, S] | ids [W_pad, S]
+    packing fits it, else w_worst (proven enough). KB and T: _choose_tiles. Layout of buf
+    (NB = n_pad // b), see _plan_views:
+        pos [N_pad, 2] | seg [N_pad] | slot [N_pad] | tiles [5, T] | tokens [W_pad, S] | ids [W_pad, S]
     One buffer rather than eight arrays: one allocation, one array for numba to box and one
     setflags; the views cost less than any of those.
     """
@@ -321,19 +408,21 @@ def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
         packed = _pack_windows(grid, m, wm, win_slot)
         w_pad = w_typical if packed <= w_typical else w_worst
         assert packed <= w_pad
-    buf = np.empty(4 * n_pad + 2 * nb + 2 * w_pad * s, np.int32)
+    fb0, fb1 = _frame_blocks(grid, b)
+    kb, n_tiles = _choose_tiles(fb0, fb1, nb)
+    buf = np.empty(4 * n_pad + 5 * n_tiles + 2 * w_pad * s, np.int32)
     _fill_rotary(grid, m, buf[:2 * n_pad])
-    kv_max = _fill_segments(grid, b, buf[2 * n_pad:3 * n_pad], buf[4 * n_pad:4 * n_pad + nb],
-                            buf[4 * n_pad + nb:4 * n_pad + 2 * nb])
+    _fill_segments(grid, buf[2 * n_pad:3 * n_pad])
+    t0 = 4 * n_pad + 5 * n_tiles
+    _group_tiles(fb0, fb1, nb, kb, buf[4 * n_pad:t0].reshape(5, n_tiles))
     slot = buf[3 * n_pad:4 * n_pad]
     if wm > 0:
-        t0 = 4 * n_pad + 2 * nb
         _fill_window_slots(grid, m, wm, win_slot, packed, buf[t0:t0 + w_pad * s],
                            buf[t0 + w_pad * s:t0 + 2 * w_pad * s], slot)
     else:
         for q in range(n_pad):
             slot[q] = 0
-    return buf, w_pad, kv_max
+    return buf, w_pad, kb, n_tiles
 
 
 @numba.njit(cache=True)
@@ -481,8 +570,9 @@ class Bucket:
 
     patches: int  # padded patch rows N_pad: a rung of the policy's ladder
     windows: int  # window slots W_pad (0 when the config has no windows)
-    key_blocks: int  # KB: key blocks each query block visits, 1 <= KB <= patches // block
+    key_blocks: int  # KB: key blocks each attention tile visits, 1 <= KB <= patches // block
     block: int  # rows per query / key block of full attention (a multiple of 4, divides patches)
+    tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,15 +758,15 @@ class Plan:
     bucket: Bucket
     pos_ids: np.ndarray  # int32 [N_pad, 2] rotary (h, w) ids; padding rows 0
     segment_ids: np.ndarray  # int32 [N_pad] frame index, -1 for padding rows
-    kv_block_start: np.ndarray  # int32 [N_pad // B] first key block of each query block
-    kv_block_count: np.ndarray  # int32 [N_pad // B] consecutive key blocks used (1..KB)
+    tiles: np.ndarray  # int32 [5, T] full-attention tiles: query block, first frame, last frame,
+    #                    first key block, key blocks (0..KB); see _group_tiles
     window_tokens: np.ndarray  # int32 [W_pad, S] row at each slot entry, -1 = empty
     window_ids: np.ndarray  # int32 [W_pad, S] window (0..W-1, HF order) at each slot entry, -1 = empty
     window_slot: np.ndarray  # int32 [N_pad] flat slot entry (w * S + j) of each real row; padding 0
 
     def device_arrays(self) -> tuple[np.ndarray, ...]:
-        """(pos_ids, segment_ids, kv_block_start, kv_block_count, window_tokens, window_ids, window_slot)."""
-        return (self.pos_ids, self.segment_ids, self.kv_block_start, self.kv_block_count,
+        """(pos_ids, segment_ids, tiles, window_tokens, window_ids, window_slot)."""
+        return (self.pos_ids, self.segment_ids, self.tiles,
                 self.window_tokens, self.window_ids, self.window_slot)
 
 
@@ -728,22 +818,21 @@ def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolic
         wm, w_typical, w_worst = cfg.window_merge, _typical_slots(n_pad, s), _worst_slots(n_pad, s, m * m)
     else:  # Qwen2-VL, or a Qwen2.5-VL config without window layers
         wm = w_typical = w_worst = 0
-    buf, w_pad, kv_max = _build_plan(g, m, wm, s, n_pad, b, w_typical, w_worst)
+    buf, w_pad, kb, n_tiles = _build_plan(g, m, wm, s, n_pad, b, w_typical, w_worst)
     buf.setflags(write=False)  # before slicing: the views inherit it
     g.setflags(write=False)
-    pos, seg, slot, kv_start, kv_count, tokens, ids = _plan_views(buf, n_pad, n_pad // b, w_pad, s)
-    bucket = Bucket(n_pad, w_pad, min(coarse_ladder_value(kv_max), n_pad // b), b)
+    pos, seg, slot, tiles, tokens, ids = _plan_views(buf, n_pad, n_tiles, w_pad, s)
+    bucket = Bucket(n_pad, w_pad, kb, b, n_tiles)
     return Plan(grid_thw=g, n_patches=n, bucket=bucket, pos_ids=pos, segment_ids=seg,
-                kv_block_start=kv_start, kv_block_count=kv_count, window_tokens=tokens,
+                tiles=tiles, window_tokens=tokens,
                 window_ids=ids, window_slot=slot)
 
 
-def _plan_views(buf: np.ndarray, n_pad: int, nb: int, w_pad: int, s: int) -> tuple[np.ndarray, ...]:
-    """(pos, seg, slot, kv_start, kv_count, tokens, ids): the arrays of _build_plan's buffer."""
-    t0, i0 = 4 * n_pad + 2 * nb, 4 * n_pad + 2 * nb + w_pad * s
+def _plan_views(buf: np.ndarray, n_pad: int, n_tiles: int, w_pad: int, s: int) -> tuple[np.ndarray, ...]:
+    """(pos, seg, slot, tiles, tokens, ids): the arrays of _build_plan's buffer."""
+    t0, i0 = 4 * n_pad + 5 * n_tiles, 4 * n_pad + 5 * n_tiles + w_pad * s
     return (buf[:2 * n_pad].reshape(n_pad, 2), buf[2 * n_pad:3 * n_pad], buf[3 * n_pad:4 * n_pad],
-            buf[4 * n_pad:4 * n_pad + nb], buf[4 * n_pad + nb:t0], buf[t0:i0].reshape(w_pad, s),
-            buf[i0:].reshape(w_pad, s))
+            buf[4 * n_pad:t0].reshape(5, n_tiles), buf[t0:i0].reshape(w_pad, s), buf[i0:].reshape(w_pad, s))
 
 
 def _grid(grid_bytes: bytes, k: int) -> np.ndarray:

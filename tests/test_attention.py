@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, segment_attention, window_attention
 
 
@@ -20,38 +21,44 @@ def dense_reference(q, k, v, same):
     return np.einsum("hqk,khd->qhd", p, v)
 
 
-def block_ranges(seg, block):
-    """For each query block, the contiguous key-block range covering its segments."""
-    nb = len(seg) // block
-    first = {s: i for i, s in reversed(list(enumerate(seg)))}
-    last = {s: i for i, s in enumerate(seg)}
-    start, count = np.zeros(nb, np.int32), np.zeros(nb, np.int32)
-    for b in range(nb):
-        segs = set(seg[b * block:(b + 1) * block])
-        lo = min(first[s] for s in segs) // block
-        hi = max(last[s] for s in segs) // block
-        start[b], count[b] = lo, hi - lo + 1
-    return start, count
+def tile_table(lengths, n, block, key_blocks, spare):
+    """The plan's tiles (plan._group_tiles) for frames of `lengths` rows in n rows, with key
+    ranges of at most `key_blocks` blocks and `spare` unused tiles at the end."""
+    grid = np.array([[1, 1, int(x)] for x in lengths], np.int64)  # frames of any length
+    fb0, fb1 = planlib._frame_blocks(grid, block)
+    nb = n // block
+    extra = planlib._group_tiles(fb0, fb1, nb, key_blocks, np.empty((5, 0), np.int32))
+    tiles = np.zeros((5, nb + extra + spare), np.int32)
+    planlib._group_tiles(fb0, fb1, nb, key_blocks, tiles)
+    return tiles, extra
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("block", [16, 32])
 def test_segment_attention_matches_dense(seed, block):
+    """One tile per block over the union of its frames, one per (block, frame), anything between,
+    spare empty tiles, wider key windows (shifted left at the end): all the same attention."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 70, size=rng.integers(1, 7))
     n_real = int(lengths.sum())
     n = -(-(n_real + int(rng.integers(0, 20))) // block) * block
-    seg = np.full(n, -1, np.int32)  # padding rows: their own segment
+    seg = np.full(n, -1, np.int32)  # padding rows
     seg[:n_real] = np.repeat(np.arange(len(lengths)), lengths)
-    start, count = block_ranges(seg, block)
     h, d = 3, 8
     q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for _ in range(3))
     ref = dense_reference(q, k, v, seg[:, None] == seg[None, :])
-    for key_blocks in (int(count.max()), int(count.max()) + 2):  # extra trips must be no-ops
-        out = jax.jit(segment_attention, static_argnums=(6, 7))(
-            q, k, v, seg, start, count, key_blocks, Numerics("float32"))
-        np.testing.assert_allclose(np.asarray(out)[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
-        assert np.isfinite(np.asarray(out)).all()
+    widest = int(max(-(-(x + block - 1) // block) for x in lengths))  # >= any frame's block span
+    attend = jax.jit(segment_attention, static_argnums=(5, 6, 7))
+    for key_blocks, spare in [(n // block, 0), (widest, 0), (widest, 3), (widest + 1, 1)]:
+        tiles, extra = tile_table(lengths, n, block, key_blocks, spare)
+        if key_blocks == n // block:
+            assert extra == 0
+        for window in {key_blocks, min(key_blocks + 2, n // block)}:  # a wider window changes nothing
+            out = np.asarray(attend(q, k, v, seg, tiles, block, window, Numerics("float32")))
+            np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
+            assert np.isfinite(out).all() and not out[n_real:].any()  # padding rows: zeros
+        vectorised = segment_attention(q, k, v, seg, tiles, block, key_blocks, Numerics("float32"), unroll=True)
+        np.testing.assert_allclose(np.asarray(vectorised), out, rtol=1e-5, atol=1e-6)  # cost analysis's copy
 
 
 @pytest.mark.parametrize("seed", range(4))

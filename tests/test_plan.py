@@ -84,7 +84,7 @@ def check_plan(plan, grid, cfg, policy):
     arrays = plan.device_arrays()
     s = cfg.window_patches
     w_shape = (bk.windows, s)
-    assert [a.shape for a in arrays] == [(n_pad, 2), (n_pad,), (nb,), (nb,), w_shape, w_shape, (n_pad,)]
+    assert [a.shape for a in arrays] == [(n_pad, 2), (n_pad,), (5, bk.tiles), w_shape, w_shape, (n_pad,)]
     assert all(a.dtype == np.int32 and not a.flags.writeable for a in arrays)
     assert not plan.grid_thw.flags.writeable
 
@@ -93,27 +93,42 @@ def check_plan(plan, grid, cfg, policy):
     frames = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
     np.testing.assert_array_equal(plan.segment_ids, np.concatenate([frames, np.full(n_pad - n, -1)]))
 
-    # Minimal key-block range per query block: union of the block spans of every frame it touches,
-    # padding confined to its own block.
-    lo, hi = np.arange(nb), np.arange(nb)
-    lo[: (n - 1) // b + 1], hi[: (n - 1) // b + 1] = nb, -1  # real-row blocks: filled from frames below
-    if n % b:
-        lo[n // b] = hi[n // b] = n // b  # mixed block holds padding rows
-    for s0, e0 in zip(cu[:-1], cu[1:]):
-        b0, b1 = s0 // b, (e0 - 1) // b
-        lo[b0:b1 + 1] = np.minimum(lo[b0:b1 + 1], b0)
-        hi[b0:b1 + 1] = np.maximum(hi[b0:b1 + 1], b1)
-    np.testing.assert_array_equal(plan.kv_block_start, lo)
-    np.testing.assert_array_equal(plan.kv_block_count, hi - lo + 1)
-    assert bk.key_blocks == min(coarse_ladder_value(int(plan.kv_block_count.max())), nb)
-    pad_only = np.arange(nb) * b >= n
-    assert (plan.kv_block_count[pad_only] == 1).all()
+    check_tiles(plan.tiles, cu, n, b, nb, bk)
 
     tok, ids, slot = plan.window_tokens, plan.window_ids, plan.window_slot
     if not cfg.windowed:
         assert bk.windows == 0 and tok.shape[0] == 0 and ids.shape[0] == 0 and not slot.any()
         return
     check_packing(tok, ids, slot, grid, cfg, n, n_pad)
+
+
+def check_tiles(tiles, cu, n, b, nb, bk):
+    """Full-attention tiles: tile i is block i; every (block, frame with rows in it) pair is in
+    exactly one tile of that block; a tile's key range is exactly its frames' blocks, <= KB;
+    never more work (T * KB) than one tile per block over the union of its frames."""
+    assert tiles.shape == (5, bk.tiles) and bk.tiles >= nb
+    t_block, first, last, start, count = tiles.astype(np.int64)
+    np.testing.assert_array_equal(t_block[:nb], np.arange(nb))
+    fb0, fb1 = cu[:-1] // b, (cu[1:] - 1) // b  # blocks of each frame
+    used = count > 0
+    np.testing.assert_array_equal(used, first <= last)
+    extra = int(used[nb:].sum())
+    assert used[nb:nb + extra].all() and np.all(np.diff(t_block[nb:nb + extra]) >= 0)  # used extras first, in order
+    assert bk.tiles == nb + coarse_ladder_value(extra)
+    assert (count <= bk.key_blocks).all() and 1 <= bk.key_blocks <= nb
+    for t in np.flatnonzero(used):
+        frames = np.arange(first[t], last[t] + 1)
+        assert ((fb0[frames] <= t_block[t]) & (t_block[t] <= fb1[frames])).all()  # all in the block
+        assert start[t] == fb0[first[t]] and start[t] + count[t] - 1 == fb1[last[t]]
+    for blk in range(nb):
+        frames = np.flatnonzero((fb0 <= blk) & (blk <= fb1))
+        mine = np.flatnonzero(used & (t_block == blk))
+        cover = [int(((first[mine] <= f) & (f <= last[mine])).sum()) for f in frames]
+        assert cover == [1] * len(frames)
+        assert (len(frames) > 0) == used[blk]  # a pure-padding block: an empty tile
+    union = max(fb1[(fb0 <= blk) & (blk <= fb1)].max() - fb0[(fb0 <= blk) & (blk <= fb1)].min() + 1
+                for blk in range((n - 1) // b + 1))
+    assert bk.tiles * bk.key_blocks <= nb * min(coarse_ladder_value(int(union)), nb)
 
 
 def check_packing(tok, ids, slot, grid, cfg, n, n_pad):
@@ -249,17 +264,27 @@ def test_window_packing_examples():
 
 def test_padding_tail_does_not_inflate_key_blocks():
     plan = make_plan([[1, 34, 34]], QWEN2_5_VL_3B)  # N = 1156 -> N_pad = 1536: two pure-padding blocks
-    assert plan.bucket.patches == 1536 and plan.bucket.block == 128
-    assert plan.kv_block_start[-2:].tolist() == [10, 11] and plan.kv_block_count[-2:].tolist() == [1, 1]
-    assert plan.kv_block_count[:10].tolist() == [10] * 10
+    assert plan.bucket.patches == 1536 and plan.bucket.block == 128 and plan.bucket.tiles == 12
+    block, first, last, start, count = plan.tiles
+    assert start[-2:].tolist() == [10, 11] and count[-2:].tolist() == [0, 0] and (first > last)[-2:].all()
+    assert count[:10].tolist() == [10] * 10
     assert plan.bucket.key_blocks == 12  # coarse 12, == N_pad // block
 
 
-def test_multi_frame_key_blocks():
-    # Frames of 1296 rows span 11 blocks of 128; a block straddling two frames needs both spans (21).
+def test_multi_frame_tiles():
+    # Frames of 1296 rows span 11 blocks of 128 (the block straddling two frames would need 21);
+    # the 8 blocks straddling two frames (frame 8 starts at row 10368 = 81 * 128) get one tile per
+    # frame: 8 extra tiles, 11 key blocks each (KB = coarse(11) = 12).
     plan = make_plan([[10, 36, 36]], QWEN2_5_VL_3B)
-    assert plan.bucket.patches == 16384 and sorted(set(plan.kv_block_count.tolist())) == [1, 11, 21]
-    assert plan.bucket.key_blocks == 24
+    block, first, last, start, count = plan.tiles
+    straddling = [i for i in range(102) if (i * 128) // 1296 != min(i * 128 + 127, 12959) // 1296]
+    assert len(straddling) == 8
+    assert plan.bucket.patches == 16384 and plan.bucket.key_blocks == 12 and plan.bucket.tiles == 128 + 8
+    assert sorted(set(count.tolist())) == [0, 11] and (first == last)[count > 0].all()
+    assert block[128:].tolist() == straddling
+    # Small frames (36 rows) share a tile: one tile per block over <= 2 key blocks wins.
+    plan = make_plan([[30, 6, 6]], QWEN2_5_VL_3B)
+    assert plan.bucket.tiles == plan.bucket.patches // plan.bucket.block
 
 
 def test_non_windowed_plan():
