@@ -6,9 +6,10 @@ tables (qwen_vit_jax.plan). Neither ever builds an [N, N] mask:
 - window attention gathers windows into slots of `window_patches` (64) rows (small edge
   windows share a slot), attends densely inside each slot under a same-window mask and
   gathers the results back: cost ~ num_slots * 64 * 64 ~ sum(window_len * 64).
-- segment attention walks, for every query block, the contiguous run of key blocks that
-  holds its frames, with an online softmax: cost ~ sum(frame_len^2) (plus block rounding),
-  memory linear in N.
+- segment attention runs tiles from the plan: a query block of `block` rows restricted to a
+  run of its frames, against a window of `key_blocks` key blocks holding those frames, as
+  plain 2-D dots per (head, tile): cost ~ sum(frame_len^2) (plus block rounding), memory
+  linear in N.
 
 Softmax statistics are always float32. `Numerics.dtype` is the dtype of the matmul
 operands; products accumulate in float32 (preferred_element_type).

@@ -9,14 +9,15 @@ Two layers:
   * HF-exact index functions (`rotary_ids`, `frame_cu_seqlens`, `window_index`), equal element
     for element to `transformers.vision_utils`; tests pin them.
   * `make_plan`, the form the device consumes. Rows stay in the ORIGINAL pixel_values order
-    (no permutation of the residual stream): full attention uses per-row frame ids plus a block
-    table, window attention gathers rows into fixed-size slots (whole windows packed by best-fit
+    (no permutation of the residual stream): full attention uses per-row frame ids plus a tile
+    table (query blocks, split where they straddle long frames, with their key-block ranges),
+    window attention gathers rows into fixed-size slots (whole windows packed by best-fit
     decreasing, told apart by window id) and scatters them back.
   * `make_plans` / `split_grid`: a request above the per-program token budget is cut at frame
     boundaries into chunks that each fill a rung well, one plan per chunk.
 
 Buckets are few by construction: N_pad comes from a coarse geometric ladder (2 rungs per octave by
-default), W_pad is a function of N_pad for all ordinary inputs, and KB = N_pad / block for single
+default), W_pad is a function of N_pad for all ordinary inputs, and KB = T = N_pad / block for single
 frames, so a stream of single images compiles at most one program per rung.
 
 Speed matters: an uncached plan is on the request path whenever a grid is new. The grid is
@@ -751,6 +752,11 @@ class Plan:
     Window attention: slot w holds whole windows packed one after another (window_tokens[w] their
     rows, window_ids[w] their window ids); a row attends to the keys of its slot with the same
     window id (window_ids[q] == window_ids[k] != -1).
+
+    Full attention: tile t is query block tiles[0, t] restricted to frames tiles[1, t] ..
+    tiles[2, t], whose key blocks are tiles[3, t] .. tiles[3, t] + tiles[4, t] - 1 (at most
+    KB = bucket.key_blocks). Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest split
+    blocks that straddle frames (attention.segment_attention adds them back).
     """
 
     grid_thw: np.ndarray  # int64 [k, 3]
