@@ -128,28 +128,17 @@ class Attention(nnx.Module):
         self.proj = Linear(cfg.width, cfg.width, num, rngs=rngs)
 
     def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, block: int, unroll: bool = False) -> jax.Array:
-        """x: [N, D]; full: bool or a traced bool (scan over mixed layers)."""
+        """x: [N, D]; full: True for per-frame (full) attention, False for window attention."""
         n, d = x.shape
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3, H, Dh]
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
-        def full_attn(q, k, v):
-            return segment_attention(
-                q, k, v, plan["segment_ids"], plan["tiles"], block, key_blocks, self.num, unroll=unroll,
-            )
-
-        def window_attn(q, k, v):
-            return window_attention(
-                q, k, v, plan["window_tokens"], plan["window_ids"], plan["window_slot"], self.num
-            )
-
-        if full is True:
-            o = full_attn(q, k, v)
-        elif full is False:
-            o = window_attn(q, k, v)
+        if full:
+            o = segment_attention(q, k, v, plan["segment_ids"], plan["tiles"], block, key_blocks, self.num,
+                                  unroll=unroll)  # [N, H, Dh]
         else:
-            o = jax.lax.cond(full, full_attn, window_attn, q, k, v)
+            o = window_attention(q, k, v, plan["window_tokens"], plan["window_ids"], plan["window_slot"], self.num)
         return self.proj(o.reshape(n, d))  # [N, H, Dh] -> [N, D]
 
 
@@ -218,7 +207,9 @@ class PatchMerger(nnx.Module):
 
 class VisionTransformer(nnx.Module):
     """The vision tower. Blocks are stacked (every parameter has a leading [depth] axis) and
-    run under one lax.scan, so the program size and compile time do not grow with depth."""
+    run under lax.scan (over the periods of the window / full layer pattern, and inside a
+    period over each run of same-kind layers: `layer_schedule`), so the program size and
+    compile time do not grow with depth."""
 
     def __init__(self, cfg: VisionConfig, num: Numerics = Numerics(), *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -258,17 +249,45 @@ class VisionTransformer(nnx.Module):
                 x = layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block, unroll=True)
             return self.merger(x)
 
-        uniform = all(layers) or not any(layers)
+        runs, groups = layer_schedule(layers)
+        grouped = jax.tree.map(lambda a: a.reshape(groups, -1, *a.shape[1:]), stacked)  # [G, depth / G, ...]
 
-        def body(x, xs):
-            state, full = xs
-            layer = nnx.merge(graphdef, state)
-            if uniform:
-                full = layers[0]
-            return layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block), None
+        def run(x, state, full: bool):  # consecutive layers of one kind, stacked on axis 0
+            def body(x, layer_state):
+                layer = nnx.merge(graphdef, layer_state)
+                return layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block), None
 
-        x, _ = jax.lax.scan(body, x, (stacked, jnp.asarray(layers)))  # [N, D]
+            return jax.lax.scan(body, x, state)[0]
+
+        def group(x, state):  # one period of the layer pattern
+            start = 0
+            for full, length in runs:
+                x = run(x, jax.tree.map(lambda a, s=start, n=length: a[s:s + n], state), full)
+                start += length
+            return x, None
+
+        x, _ = jax.lax.scan(group, x, grouped)  # [N, D]
         return self.merger(x)
+
+
+def layer_schedule(layers: tuple[bool, ...]) -> tuple[list[tuple[bool, int]], int]:
+    """The layer pattern as (runs, groups): `layers` (True = full attention) is `groups` copies
+    of the runs [(full, length), ...]. The forward scans over the groups and, inside a group, over
+    each run with its kind fixed at trace time: no lax.cond on a device value (a conditional
+    reads its predicate back to the host on GPU), and one compiled body per kind.
+
+    Qwen2.5-VL (full at 7, 15, 23, 31): ([(False, 7), (True, 1)], 4); Qwen2-VL: ([(True, 32)], 1).
+    """
+    runs: list[tuple[bool, int]] = []
+    for full in layers:
+        if runs and runs[-1][0] == full:
+            runs[-1] = (full, runs[-1][1] + 1)
+        else:
+            runs.append((full, 1))
+    for period in range(1, len(runs) + 1):
+        if len(runs) % period == 0 and runs == runs[:period] * (len(runs) // period):
+            return runs[:period], len(runs) // period
+    raise AssertionError("unreachable: the whole pattern is a period")
 
 
 def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTransformer:

@@ -109,3 +109,24 @@ def test_temp_memory_grows_linearly(enc):
     """No [N, N] buffer: 4x the patches must cost about 4x the temp memory, not 16x."""
     temps = [enc.cost_report(g)["temp_bytes"] for g in ([[1, 32, 32]], [[1, 32, 64]], [[1, 64, 64]])]
     assert temps[1] < 2.5 * temps[0] and temps[2] < 2.5 * temps[1], temps
+
+
+@pytest.mark.parametrize("layers, runs, groups", [
+    (QWEN2_5_VL_3B.full_attention_layers, [(False, 7), (True, 1)], 4),
+    (QWEN2_VL_2B.full_attention_layers, [(True, 32)], 1),
+    ((False, True, False, False, True), [(False, 1), (True, 1), (False, 2), (True, 1)], 1),
+    ((True, False) * 3, [(True, 1), (False, 1)], 3),
+])
+def test_layer_schedule(layers, runs, groups):
+    from qwen_vit_jax.model import layer_schedule
+
+    assert layer_schedule(layers) == (runs, groups)
+    assert tuple(f for f, n in runs for _ in range(n)) * groups == layers
+
+
+def test_forward_has_no_conditionals(enc):
+    """The layer kinds are fixed at trace time: no conditional (on GPU a conditional reads its
+    predicate back to the host) and no host callback in the compiled program."""
+    bucket = enc.warmup([[[2, 8, 8], [1, 4, 6]]])[0]
+    hlo = enc._program(bucket).as_text()
+    assert " conditional(" not in hlo and "callback" not in hlo.lower()
