@@ -6,7 +6,8 @@ temp memory do not depend on them) and asks `cost_report` about:
     [10, 36 +- 2, 36 +- 2] (seed 1, as tests/test_plan.py), and one 128 x 128-patch image;
   - one 36 x 36-patch image, and the mean over the 30-size stream of bench_compile.py
     (single images, h, w even in [2, 64], seed 0);
-  - temp memory for 1x, 2x and 4x the patches (images of 32 x 32, 32 x 64, 64 x 64 patches).
+  - temp memory for 1x, 2x and 4x the patches (images of 32 x 32, 32 x 64, 64 x 64 patches);
+  - the seconds it took to compile each bucket's program (the one `encode` runs).
 compiled_flops is XLA's cost analysis of the bucket's forward (an unrolled copy: XLA counts a
 loop body once), ideal_flops the analytic count on the real rows (qwen_vit_jax.cost).
 
@@ -46,7 +47,8 @@ def worker(p: dict) -> dict:
     stream = [enc.cost_report([[1, h, w]])["flops_ratio"] for h, w in p["sizes"]]
     memory = {f"{k}x": enc.cost_report(grid)["temp_bytes"]
               for k, grid in ((1, [[1, 32, 32]]), (2, [[1, 32, 64]]), (4, [[1, 64, 64]]))}
-    return {"cases": cases, "stream_ratios": stream, "temp_bytes": memory}
+    compile_s = {f"{b.patches}/T{b.tiles}/KB{b.key_blocks}": s for b, s in enc.compile_seconds.items()}
+    return {"cases": cases, "stream_ratios": stream, "temp_bytes": memory, "compile_seconds": compile_s}
 
 
 def main() -> None:
@@ -72,6 +74,13 @@ def main() -> None:
     print()
     print(common.markdown_table(["variant", "temp MiB at 1x / 2x / 4x patches (1024 / 2048 / 4096)"], [
         [v, " / ".join(f"{b / 2**20:.0f}" for b in r["temp_bytes"].values())] for v, r in results.items()]))
+    print()
+    print(common.markdown_table(["variant", "buckets compiled", "compile s per bucket: median / max",
+                                 "compile s, 16384-row buckets"], [
+        [v, len(r["compile_seconds"]), f"{statistics.median(r['compile_seconds'].values()):.1f} / "
+         f"{max(r['compile_seconds'].values()):.1f}",
+         " / ".join(f"{s:.1f}" for b, s in r["compile_seconds"].items() if b.startswith("16384/"))]
+        for v, r in results.items()]))
     common.write_json(args.out or common.default_out("cost", args.quick),
                       {"bench": "cost", "quick": args.quick, "sizes": sizes, "results": results})
 

@@ -250,23 +250,26 @@ class VisionTransformer(nnx.Module):
             return self.merger(x)
 
         runs, groups = layer_schedule(layers)
-        grouped = jax.tree.map(lambda a: a.reshape(groups, -1, *a.shape[1:]), stacked)  # [G, depth / G, ...]
+        period = len(layers) // groups
 
-        def run(x, state, full: bool):  # consecutive layers of one kind, stacked on axis 0
-            def body(x, layer_state):
-                layer = nnx.merge(graphdef, layer_state)
-                return layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block), None
+        def layer_at(x, i, full: bool):  # layer i (traced) of the stack, its kind known statically
+            state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+            return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block)
 
-            return jax.lax.scan(body, x, state)[0]
-
-        def group(x, state):  # one period of the layer pattern
-            start = 0
+        def group(x, g):  # one period of the layer pattern: layers g * period ...
+            start = g * period
             for full, length in runs:
-                x = run(x, jax.tree.map(lambda a, s=start, n=length: a[s:s + n], state), full)
-                start += length
+                if length == 1:
+                    x = layer_at(x, start, full)
+                else:
+                    x = jax.lax.scan(lambda x, i, full=full: (layer_at(x, i, full), None), x,
+                                     start + jnp.arange(length))[0]
+                start = start + length
             return x, None
 
-        x, _ = jax.lax.scan(group, x, grouped)  # [N, D]
+        # Every loop indexes the stacked weights in place: one layer's slice at a time, never a
+        # copy of a whole run (a sliced scan operand would be one).
+        x, _ = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D]
         return self.merger(x)
 
 
