@@ -35,10 +35,15 @@ class Numerics:
     `native_bf16=False` computes the bfloat16 mode's products as float32 dots of the
     bf16-rounded operands: the same numbers (a bf16 x bf16 product is exact in float32), for
     CPUs without bf16 dot instructions, where XLA's bf16 dot is slower than its float32 one.
+
+    `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
+    (XLA's CPU backend runs those 2-3x faster than batched dots); False batches them (GPUs and
+    TPUs want few large kernels). The same arithmetic either way.
     """
 
     dtype: str = "float32"
     native_bf16: bool = True
+    tile_loops: bool = False
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -127,9 +132,10 @@ def segment_attention(
 
     Each tile attends to a window of `key_blocks` consecutive key blocks that holds its range
     (the window is shifted left where the range ends near the last block), with a plain softmax
-    over the window. The loops run over heads, then tiles: every matmul is a plain 2-D dot
-    ([block, Dh] x [Dh, window] and [block, window] x [window, Dh]), which XLA's CPU backend runs
-    2-3x faster than the same work as batched dots, and the live scores are one tile's.
+    over the window. With `num.tile_loops` (CPU) the loops run over heads, then tiles: every
+    matmul is a plain 2-D dot ([block, Dh] x [Dh, window] and [block, window] x [window, Dh]),
+    which XLA's CPU backend runs 2-3x faster than the same work as batched dots, and the live
+    scores are one tile's. Otherwise all (head, tile) problems run as batched dots.
 
     Args:
       q, k, v: [N, H, Dh] (q, k already rotated); N = NB * block.
@@ -138,7 +144,7 @@ def segment_attention(
         number of key blocks of each tile (plan._group_tiles); an empty tile has count 0.
       block: rows per block (static).
       key_blocks: static window, in blocks: >= every tile's key-block count, <= NB.
-      unroll: vectorise the loops instead (the same arithmetic; for XLA's cost analysis, which
+      unroll: batch the (head, tile) problems even when `num.tile_loops` (XLA's cost analysis
         counts a loop body once).
     Returns:
       [N, H, Dh] float32. Padding rows get zeros.
@@ -165,13 +171,15 @@ def segment_attention(
         o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [Q, Dh]
         return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
+    loops = num.tile_loops and not unroll
+
     def head(qx, kx, vx):
         args = (t_block, t_first, t_last, w0)
-        if unroll:
-            return jax.vmap(tile, (None, None, None, 0, 0, 0, 0))(qx, kx, vx, *args)
-        return lax.map(lambda a: tile(qx, kx, vx, *a), args)  # [T, Q, Dh]
+        if loops:
+            return lax.map(lambda a: tile(qx, kx, vx, *a), args)  # [T, Q, Dh]
+        return jax.vmap(tile, (None, None, None, 0, 0, 0, 0))(qx, kx, vx, *args)
 
-    out = jax.vmap(head)(qh, kh, vh) if unroll else lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, Q, Dh]
+    out = lax.map(lambda a: head(*a), (qh, kh, vh)) if loops else jax.vmap(head)(qh, kh, vh)  # [H, T, Q, Dh]
     if n_extra:  # each row is in exactly one tile: adding the others' zeros is exact
         out = out[:, :nb].at[:, t_block[nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]

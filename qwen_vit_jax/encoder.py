@@ -64,7 +64,8 @@ class VisionEncoder:
     ):
         self.cfg = cfg
         self.device = device or jax.devices()[0]
-        self.num = Numerics(dtype, native_bf16=has_native_bf16(self.device))
+        self.num = Numerics(dtype, native_bf16=has_native_bf16(self.device),
+                            tile_loops=self.device.platform == "cpu")
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches

@@ -157,7 +157,7 @@ def _frame_blocks(grid, block):
 
 @numba.njit(cache=True)
 def _coarse(n):
-    """coarse_ladder_value in numba."""
+    """coarse_ladder_value, callable from numba kernels."""
     if n <= 0:
         return 0
     p = 1
@@ -665,14 +665,7 @@ def _rung_tuple(policy: BucketPolicy) -> tuple[int, ...]:
 
 def coarse_ladder_value(n: int) -> int:
     """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, ... (powers of two and 1.5x them) >= n; 0 for n <= 0."""
-    if n <= 0:
-        return 0
-    p = 1
-    while p < n:
-        if p >= 2 and p + p // 2 >= n:
-            return p + p // 2
-        p *= 2
-    return p
+    return int(_coarse(int(n)))
 
 
 # Window slots. The W windows of a plan (each <= S = window_patches rows, a multiple of the merge
