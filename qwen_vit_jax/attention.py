@@ -120,7 +120,7 @@ def segment_attention(
     *,
     unroll: bool = False,
 ) -> jax.Array:
-    """Attention within segments (frames) over tiles: one 2-D problem per (head, tile).
+    """Attention within segments (frames) over tiles of query blocks.
 
     Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
     blocks of `block` rows; a tile is one query block restricted to a run of consecutive frames
@@ -130,12 +130,15 @@ def segment_attention(
     So a block straddling two long frames costs two tiles of about one frame's key blocks each,
     not one tile over both frames.
 
-    Each tile attends to a window of `key_blocks` consecutive key blocks that holds its range
-    (the window is shifted left where the range ends near the last block), with a plain softmax
-    over the window. With `num.tile_loops` (CPU) the loops run over heads, then tiles: every
-    matmul is a plain 2-D dot ([block, Dh] x [Dh, window] and [block, window] x [window, Dh]),
-    which XLA's CPU backend runs 2-3x faster than the same work as batched dots, and the live
-    scores are one tile's. Otherwise all (head, tile) problems run as batched dots.
+    Two schedules of the same attention:
+    - `num.tile_loops` (CPU): loops over heads, then tiles; each tile attends to a window of
+      `key_blocks` consecutive key blocks holding its range (shifted left where the range ends
+      near the last block) with a plain softmax. Every matmul is a 2-D dot ([block, Dh] x
+      [Dh, window], [block, window] x [window, Dh]), which XLA's CPU backend runs 2-3x faster
+      than batched dots; the live scores are one tile's.
+    - otherwise (GPU / TPU, and XLA's cost analysis with `unroll`): all tiles and heads at once
+      as batched dots, one key block per step with an online softmax: the live scores are
+      [T, H, block, block], linear in N.
 
     Args:
       q, k, v: [N, H, Dh] (q, k already rotated); N = NB * block.
@@ -143,43 +146,76 @@ def segment_attention(
       tiles: [5, T] int32, T >= NB: query block, first frame, last frame, first key block,
         number of key blocks of each tile (plan._group_tiles); an empty tile has count 0.
       block: rows per block (static).
-      key_blocks: static window, in blocks: >= every tile's key-block count, <= NB.
-      unroll: batch the (head, tile) problems even when `num.tile_loops` (XLA's cost analysis
-        counts a loop body once).
+      key_blocks: static, >= every tile's key-block count, <= NB.
+      unroll: the batched schedule with its key-block loop unrolled (XLA's cost analysis counts
+        a loop body once).
     Returns:
       [N, H, Dh] float32. Padding rows get zeros.
     """
     n, h, dh = q.shape
     nb = n // block
-    segment_ids, tiles = jnp.asarray(segment_ids), jnp.asarray(tiles)
-    n_extra = tiles.shape[1] - nb
-    t_block, t_first, t_last, kv_start, _ = tiles  # [T] each
-    window = key_blocks * block
-    w0 = jnp.minimum(kv_start, nb - key_blocks) * block  # [T] first key row of each tile's window
-    qh = (q * dh**-0.5).transpose(1, 0, 2).reshape(h, nb, block, dh)  # [H, NB, Q, Dh]
+    q, k, v, segment_ids, tiles = (jnp.asarray(a) for a in (q, k, v, segment_ids, tiles))
+    qh = (q * dh**-0.5).transpose(1, 0, 2)  # [H, N, Dh]
     kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, N, Dh]
+    attend = _tile_loops if num.tile_loops and not unroll else _tiles_batched
+    out = attend(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll)  # [H, T, Q, Dh]
+    if tiles.shape[1] > nb:  # each row is in exactly one tile: adding the others' zeros is exact
+        out = out[:, :nb].at[:, tiles[0, nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
+    return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
+
+
+def _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll):
+    """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, Q, Dh]."""
+    del unroll
+    nb = qh.shape[1] // block
+    window = key_blocks * block
+    t_block, t_first, t_last, kv_start, _ = tiles  # [T] each
+    w0 = jnp.minimum(kv_start, nb - key_blocks) * block  # [T] first key row of each tile's window
     seg = segment_ids.reshape(nb, block)  # [NB, Q]
 
-    def tile(qx, kx, vx, t_blk, first, last, r0):
-        """qx: [NB, Q, Dh], kx / vx: [N, Dh] (one head) -> [Q, Dh]."""
+    def tile(qx, kx, vx, t_blk, first, last, r0):  # one head: [N, Dh] each -> [Q, Dh]
         sq = seg[t_blk]  # [Q]
         sk = lax.dynamic_slice_in_dim(segment_ids, r0, window)  # [K]
         mask = (sq[:, None] == sk[None, :]) & ((sq >= first) & (sq <= last))[:, None]  # [Q, K]
-        s = num.einsum("qd,kd->qk", qx[t_blk], lax.dynamic_slice_in_dim(kx, r0, window))  # [Q, K]
+        qt = lax.dynamic_slice_in_dim(qx, t_blk * block, block)  # [Q, Dh]
+        s = num.einsum("qd,kd->qk", qt, lax.dynamic_slice_in_dim(kx, r0, window))  # [Q, K]
         s = jnp.where(mask, s, NEG_INF)
         p = jnp.where(mask, jnp.exp(s - s.max(axis=-1, keepdims=True)), 0.0)
         o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [Q, Dh]
         return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
-    loops = num.tile_loops and not unroll
-
     def head(qx, kx, vx):
-        args = (t_block, t_first, t_last, w0)
-        if loops:
-            return lax.map(lambda a: tile(qx, kx, vx, *a), args)  # [T, Q, Dh]
-        return jax.vmap(tile, (None, None, None, 0, 0, 0, 0))(qx, kx, vx, *args)
+        return lax.map(lambda a: tile(qx, kx, vx, *a), (t_block, t_first, t_last, w0))  # [T, Q, Dh]
 
-    out = lax.map(lambda a: head(*a), (qh, kh, vh)) if loops else jax.vmap(head)(qh, kh, vh)  # [H, T, Q, Dh]
-    if n_extra:  # each row is in exactly one tile: adding the others' zeros is exact
-        out = out[:, :nb].at[:, t_block[nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
-    return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
+    return lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, Q, Dh]
+
+
+def _tiles_batched(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll):
+    """segment_attention's batched schedule. qh / kh / vh: [H, N, Dh] -> [H, T, Q, Dh]."""
+    h, n, dh = qh.shape
+    nb = n // block
+    t_block, t_first, t_last, kv_start, kv_count = tiles  # [T] each
+    qt = qh.reshape(h, nb, block, dh)[:, t_block]  # [H, T, Q, Dh]
+    kb, vb = kh.reshape(h, nb, block, dh), vh.reshape(h, nb, block, dh)  # [H, NB, K, Dh]
+    seg = segment_ids.reshape(nb, block)  # [NB, Q]
+    seg_q = seg[t_block]  # [T, Q]
+    in_tile = (seg_q >= t_first[:, None]) & (seg_q <= t_last[:, None])  # [T, Q]
+
+    def step(j, carry):
+        m, l, acc = carry  # [H, T, Q], [H, T, Q], [H, T, Q, Dh]
+        active = j < kv_count  # [T]
+        kbi = jnp.where(active, kv_start + j, kv_start)  # [T]
+        s = num.einsum("htqd,htkd->htqk", qt, kb[:, kbi])  # [H, T, Q, K]
+        mask = (seg_q[:, :, None] == seg[kbi][:, None, :]) & (in_tile & active[:, None])[:, :, None]  # [T, Q, K]
+        s = jnp.where(mask, s, NEG_INF)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        alpha = jnp.exp(m - m_new)
+        l = l * alpha + p.sum(axis=-1)
+        acc = acc * alpha[..., None] + num.einsum("htqk,htkd->htqd", p, vb[:, kbi])
+        return m_new, l, acc
+
+    shape = (h, t_block.shape[0], block)
+    init = (jnp.full(shape, NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dh), jnp.float32))
+    _, l, acc = lax.fori_loop(0, key_blocks, step, init, unroll=unroll)
+    return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile
