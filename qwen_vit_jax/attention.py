@@ -157,16 +157,17 @@ def segment_attention(
     q, k, v, segment_ids, tiles = (jnp.asarray(a) for a in (q, k, v, segment_ids, tiles))
     qh = (q * dh**-0.5).transpose(1, 0, 2)  # [H, N, Dh]
     kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, N, Dh]
-    attend = _tile_loops if num.tile_loops and not unroll else _tiles_batched
-    out = attend(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll)  # [H, T, Q, Dh]
+    if num.tile_loops and not unroll:
+        out = _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num)  # [H, T, Q, Dh]
+    else:
+        out = _tiles_batched(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll)
     if tiles.shape[1] > nb:  # each row is in exactly one tile: adding the others' zeros is exact
         out = out[:, :nb].at[:, tiles[0, nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll):
+def _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num):
     """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, Q, Dh]."""
-    del unroll
     nb = qh.shape[1] // block
     window = key_blocks * block
     t_block, t_first, t_last, kv_start, _ = tiles  # [T] each

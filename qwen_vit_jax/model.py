@@ -243,18 +243,19 @@ class VisionTransformer(nnx.Module):
 
         layers = cfg.full_attention_layers
         graphdef, stacked = nnx.split(self.blocks)
+
+        def layer_at(x, i, full: bool):  # layer i (int or traced) of the stack, its kind known statically
+            state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+            return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block,
+                                              unroll=unroll)
+
         if unroll:  # one copy of every layer: only for XLA's cost analysis (cost.py)
             for i, full in enumerate(layers):
-                layer = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked))
-                x = layer(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block, unroll=True)
+                x = layer_at(x, i, full)
             return self.merger(x)
 
         runs, groups = layer_schedule(layers)
         period = len(layers) // groups
-
-        def layer_at(x, i, full: bool):  # layer i (traced) of the stack, its kind known statically
-            state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
-            return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block)
 
         def group(x, g):  # one period of the layer pattern: layers g * period ...
             start = g * period
