@@ -3,6 +3,9 @@ before its blocks, on the five seed cases.
 
   ours (uncached)  qwen_vit_jax.plan.make_plans with the plan caches cleared before each call:
                    validation, rotary ids, frame and window tables, bucket padding, chunking.
+                   The cleared plans' buffers go back to plan._BufferPool and are reused, as
+                   in a long-running process whose cache evicts plans; the JSON's "first" is
+                   the very first call of the process (cold: numba's cache, fresh pages).
                    cos/sin are not in it: our jitted forward computes them on the device.
   ours (cached)    the same call repeated (what `encode` pays for a grid it has seen).
   HF               get_vision_position_ids, get_vision_cu_seqlens, get_vision_window_index,

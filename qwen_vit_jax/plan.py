@@ -25,7 +25,8 @@ validated once; the split is one numba call (`_split_chunks`: the optimal cut an
 rows, skipped for a single frame); a chunk's plan is one more (`_build_plan`: window packing,
 then all its arrays in one buffer, each entry written once). What Python adds is scalar work and
 wrapping, so an image costs ~20 us and a large request about one pass over its rows (~40 us per
-16k-row chunk, on one core).
+16k-row chunk, on one core). Large plan buffers come from `_BufferPool`, which recycles the memory
+of plans nobody holds any more: fresh pages would cost a page fault each on first write.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import threading
+import weakref
 
 import numba
 import numpy as np
@@ -41,6 +44,55 @@ from .config import VisionConfig
 
 _MAX_PATCHES = 2**30  # keeps every padded row index comfortably inside int32
 _PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
+_EMPTY = np.empty(0, np.int32)
+
+
+class _BufferPool:
+    """Recycled memory for the flat buffers of large plans (`_make_plan`).
+
+    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault
+    (~2.5 us each on a small VM: ~2 ms of a 3 ms plan for a jittered 130k-patch request). The
+    pool keeps up to `max_bytes` of power-of-two blocks and hands a block out again once nothing
+    references the buffer made from it, so a long-running process builds new plans (cache
+    misses and evictions) into pages it has touched before.
+
+    A block is a bytearray; what is handed out is `np.frombuffer(block)`, and we keep a weak
+    reference to it. Every view of it (the plan's arrays, numba's slice, a JAX array aliasing
+    host memory on CPU) keeps that array alive, because numpy stops collapsing a view's base at
+    an array whose own base is not an array; so a dead weak reference means no view is left.
+    Buffers below `min_items` int32 come from malloc's heap without faults: not pooled.
+    """
+
+    def __init__(self, min_items: int = 1 << 15, max_bytes: int = 32 << 20):
+        self.min_items, self.max_bytes = min_items, max_bytes
+        self._blocks: list[tuple[bytearray, list]] = []  # (memory, [weakref to the array or None])
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        """A writable int32 array of at least `n` items that no live array shares, or an empty
+        array (small `n`, or the pool is full: the caller allocates)."""
+        if n < self.min_items:
+            return _EMPTY
+        items = 1 << (n - 1).bit_length()
+        with self._lock:
+            for block, ref in self._blocks:
+                if len(block) == 4 * items and (ref[0] is None or ref[0]() is None):
+                    return self._hand_out(block, ref)
+            if self._bytes + 4 * items > self.max_bytes:
+                return _EMPTY
+            self._bytes += 4 * items
+            self._blocks.append((bytearray(4 * items), [None]))
+            return self._hand_out(*self._blocks[-1])
+
+    @staticmethod
+    def _hand_out(block: bytearray, ref: list) -> np.ndarray:
+        out = np.frombuffer(block, np.int32)
+        ref[0] = weakref.ref(out)
+        return out
+
+
+_POOL = _BufferPool()
 
 
 # ---- validation ------------------------------------------------------------------------------
@@ -386,7 +438,7 @@ def _fill_window_slots(grid, m, wm, win_slot, n_slots, tokens, ids, slot):
 
 
 @numba.njit(cache=True)
-def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
+def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst, out):
     """Every int32 array of one plan, in ONE flat buffer; returns (buf, W_pad, KB, T).
 
     grid: int64 [k, 3], validated, N rows; m: spatial merge size; wm: window side in merge units
@@ -396,7 +448,8 @@ def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
     (NB = n_pad // b), see _plan_views:
         pos [N_pad, 2] | seg [N_pad] | slot [N_pad] | tiles [5, T] | tokens [W_pad, S] | ids [W_pad, S]
     One buffer rather than eight arrays: one allocation, one array for numba to box and one
-    setflags; the views cost less than any of those.
+    setflags; the views cost less than any of those. buf is the front of `out` (int32, from
+    _BufferPool) when it is large enough, else a new array.
     """
     nb = n_pad // b
     n_win = 0  # windows, edge windows included (_n_windows)
@@ -411,7 +464,8 @@ def _build_plan(grid, m, wm, s, n_pad, b, w_typical, w_worst):
         assert packed <= w_pad
     fb0, fb1 = _frame_blocks(grid, b)
     kb, n_tiles = _choose_tiles(fb0, fb1, nb)
-    buf = np.empty(4 * n_pad + 5 * n_tiles + 2 * w_pad * s, np.int32)
+    size = 4 * n_pad + 5 * n_tiles + 2 * w_pad * s
+    buf = out[:size] if out.shape[0] >= size else np.empty(size, np.int32)
     _fill_rotary(grid, m, buf[:2 * n_pad])
     _fill_segments(grid, buf[2 * n_pad:3 * n_pad])
     t0 = 4 * n_pad + 5 * n_tiles
@@ -809,7 +863,8 @@ def _make_plans(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPoli
 def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     """Build one plan: the bucket from Python ints, the arrays in one numba call (_build_plan)."""
     g = _grid(grid_bytes, k)
-    n = sum(t * h * w for t, h, w in g.tolist())
+    rows = g.tolist()
+    n, n_frames = sum(t * h * w for t, h, w in rows), sum(t for t, _, _ in rows)
     n_pad = policy.rung(n)
     b = policy.block_size(n_pad)
     m, s = cfg.spatial_merge_size, cfg.window_patches
@@ -817,7 +872,10 @@ def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolic
         wm, w_typical, w_worst = cfg.window_merge, _typical_slots(n_pad, s), _worst_slots(n_pad, s, m * m)
     else:  # Qwen2-VL, or a Qwen2.5-VL config without window layers
         wm = w_typical = w_worst = 0
-    buf, w_pad, kb, n_tiles = _build_plan(g, m, wm, s, n_pad, b, w_typical, w_worst)
+    # buffer size bound: W_pad <= w_worst; T <= NB + coarse(extras) <= NB + 4 F (a block's extra
+    # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
+    out = _POOL.take(4 * n_pad + 2 * w_worst * s + 5 * (n_pad // b + 4 * n_frames))
+    buf, w_pad, kb, n_tiles = _build_plan(g, m, wm, s, n_pad, b, w_typical, w_worst, out)
     buf.setflags(write=False)  # before slicing: the views inherit it
     g.setflags(write=False)
     pos, seg, slot, tiles, tokens, ids = _plan_views(buf, n_pad, n_tiles, w_pad, s)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils as hf
 
+from qwen_vit_jax import plan as plan_module
 from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.plan import (
     BucketPolicy,
@@ -336,6 +337,54 @@ def test_plan_cache_and_read_only():
         plan.pos_ids[0, 0] = 1
     with pytest.raises(ValueError, match="read-only"):
         plan.window_ids[0, 0] = 1
+
+
+def test_buffer_pool_hands_out_only_dead_buffers():
+    pool = plan_module._BufferPool(min_items=16, max_bytes=2 * 64 * 4)  # two blocks of 64 items
+    assert pool.take(15).size == 0  # small: left to malloc
+    a = pool.take(40)
+    assert a.size == 64 and a.dtype == np.int32 and a.flags.writeable
+    view, addr = a[3:9].reshape(2, 3), a.ctypes.data
+    del a
+    b = pool.take(64)
+    assert b.ctypes.data != addr  # `view` still holds the first block
+    assert pool.take(33).size == 0  # full
+    del view
+    assert pool.take(64).ctypes.data == addr
+    assert pool.take(65).size == 0  # another size class, no room
+
+
+def test_plans_in_recycled_buffers(monkeypatch):
+    """A recycled buffer holds an old plan's values: a plan built into one equals a plan built
+    into fresh memory (every entry is written), and no buffer is recycled while any array of its
+    plan is alive."""
+    cfg, grids = QWEN2_5_VL_3B, [[[10, 36, 36]], [[10, 38, 34]], [[3, 40, 40], [1, 8, 8]]]
+
+    def build(pool):
+        monkeypatch.setattr(plan_module, "_POOL", pool)
+        plan_module._make_plan.cache_clear()
+        return make_plan(grids[0], cfg)
+
+    fresh = build(plan_module._BufferPool(max_bytes=0))  # never pooled: np.empty
+    pool = plan_module._BufferPool()
+    kept = build(pool).pos_ids
+    before, blocks = kept.copy(), [id(block) for block, _ in pool._blocks]
+    assert len(blocks) == 1
+    for grid in grids[1:]:  # new plans: the block behind `kept` is not reused
+        plan_module._make_plan.cache_clear()
+        make_plan(grid, cfg)
+        np.testing.assert_array_equal(kept, before)
+    assert len(pool._blocks) > 1
+    del kept
+    for block, ref in pool._blocks:  # dirty every free block
+        if ref[0]() is None:
+            np.frombuffer(block, np.int32)[:] = -7
+    again = build(pool)
+    assert any(np.shares_memory(again.pos_ids, np.frombuffer(block, np.int32)) for block, _ in pool._blocks)
+    for x, y in zip(again.device_arrays(), fresh.device_arrays()):
+        np.testing.assert_array_equal(x, y)
+    assert again.bucket == fresh.bucket
+    plan_module._make_plan.cache_clear()
 
 
 # ---- buckets -----------------------------------------------------------------------------------
