@@ -14,10 +14,12 @@ before its blocks, on the five seed cases.
 
 Each side runs in its own process. HF runs twice, with OMP_WAIT_POLICY=ACTIVE: torch as
 installed (one thread per core) and single-threaded, because its small index ops can be much
-slower multi-threaded on a small or busy VM; ratios are against the faster of the two. Times
-are medians of per-call timings.
+slower multi-threaded on a small or busy VM; ratios are against the faster of the two. The
+processes alternate for --rounds rounds (ours, HF, HF 1 thread, ours, ...): the speed of a
+shared VM drifts by up to 2x over minutes, and alternating spreads that drift over both sides.
+Times are medians of the per-call timings of all rounds.
 
-    python benchmarks/bench_plan.py [--quick] [--repeats N] [--out PATH]
+    python benchmarks/bench_plan.py [--quick] [--repeats N] [--rounds N] [--out PATH]
 """
 
 from __future__ import annotations
@@ -102,17 +104,34 @@ def hf_worker(p: dict) -> dict:
     return out
 
 
+def merge_rounds(results: list[dict], keys: tuple[str, ...]) -> dict:
+    """One worker result from several rounds' results: the timings under `keys` of every case
+    pooled into one summary, "first" of the first round (the others' are alike), the rest as is."""
+    out = dict(results[0])
+    for name, case in results[0].items():
+        if isinstance(case, dict) and "first" in case:
+            out[name] = {**case, **{k: common.summary([t for r in results for t in r[name][k]["times"]])
+                                    for k in keys}}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--quick", action="store_true", help="5 repeats")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per case and process")
+    ap.add_argument("--rounds", type=int, default=3, help="processes per side, alternating")
+    ap.add_argument("--quick", action="store_true", help="5 repeats, 1 round")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/plan[-quick].json)")
     args = ap.parse_args()
-    repeats = 5 if args.quick else args.repeats
+    repeats, rounds = (5, 1) if args.quick else (args.repeats, args.rounds)
     cases = seed_cases()
     payload = {"cases": cases, "repeats": repeats}
-    ours = common.run_worker(__file__, "ours", payload)
-    hf_runs = [common.run_worker(__file__, "hf", payload, env=common.torch_env(t)) for t in (None, 1)]
+    ours_rounds, hf_rounds = [], [[], []]
+    for _ in range(rounds):
+        ours_rounds.append(common.run_worker(__file__, "ours", payload))
+        for runs, t in zip(hf_rounds, (None, 1)):
+            runs.append(common.run_worker(__file__, "hf", payload, env=common.torch_env(t)))
+    ours = merge_rounds(ours_rounds, ("uncached", "cached"))
+    hf_runs = [merge_rounds(runs, ("times",)) for runs in hf_rounds]
     threads = [r["torch_threads"] for r in hf_runs]
 
     headers = ["case", "patches", *(f"HF {t} thr" for t in threads), "ours uncached", "ours cached",
@@ -126,11 +145,11 @@ def main() -> None:
         records.append({"case": name, "grid_thw": grid, "patches": patches,
                         "hf": {f"threads_{t}": r[name] for t, r in zip(threads, hf_runs)}, "ours": ours[name],
                         "ratio_uncached": h / u, "ratio_cached": h / c})
-    print(f"Host index work, medians of {repeats} calls (ratios vs the faster HF run)\n")
+    print(f"Host index work, medians of {rounds} round(s) x {repeats} calls (ratios vs the faster HF run)\n")
     print(common.markdown_table(headers, rows))
     versions = {**common.versions("numba", "numpy"), **hf_runs[0]["versions"]}
     common.write_json(args.out or common.default_out("plan", args.quick),
-                      {"bench": "plan", "variant": VARIANT, "repeats": repeats, "cases": records,
+                      {"bench": "plan", "variant": VARIANT, "repeats": repeats, "rounds": rounds, "cases": records,
                        "versions": versions})
 
 

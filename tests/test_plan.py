@@ -566,12 +566,12 @@ def test_split_timing():
 def test_uncached_plan_timing():
     """make_plans on grids it has not seen (plan caches cleared before each call, as
     benchmarks/bench_plan.py does). Targets ~60 us and ~1 ms; bounds with slack for a loaded
-    2-core machine (and for page faults: a process that never freed a large block gets ten
-    fresh 400 kB plans from the kernel page by page)."""
+    2-core machine (the cleared plans' buffers are recycled by plan._BufferPool: no page
+    faults after the first call)."""
     from qwen_vit_jax import plan as planlib
 
     caches = [planlib._make_plan, planlib._make_plans]
-    for grid, bound in [([[1, 36, 36]], 300e-6), (SPLIT_CASES["ten_jittered"][0], 20e-3)]:
+    for grid, bound in [([[1, 36, 36]], 300e-6), (SPLIT_CASES["ten_jittered"][0], 5e-3)]:
         make_plans(grid, QWEN2_5_VL_3B)
         times = []
         for _ in range(20):
