@@ -18,6 +18,7 @@ _EXPORTS = {
     "VisionConfig": "config",
     "convert_checkpoint": "convert",
     "VisionEncoder": "encoder",
+    "enable_compilation_cache": "encoder",
     "Bucket": "plan",
     "BucketPolicy": "plan",
     "PreprocessConfig": "preprocess",

@@ -297,7 +297,7 @@ def cmd_encode(args) -> int:
     if args.batch_patches is not None and args.batch_patches <= 0:
         raise CommandError(f"--batch-patches must be positive, got {args.batch_patches}")
 
-    enc = _load_encoder(args.checkpoint, args.dtype)
+    enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
     limits = (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
     over = {k: v for k, v in limits if v is not None}
     preprocess = dataclasses.replace(enc.preprocess, **over)
@@ -379,7 +379,7 @@ def cmd_encode(args) -> int:
     return 0
 
 
-def _load_encoder(checkpoint: str, dtype: str):
+def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
     """VisionEncoder.from_pretrained with a hint when handed an unconverted HF checkpoint."""
     from qwen_vit_jax.convert import PARAMS_FILE
     from qwen_vit_jax.encoder import VisionEncoder
@@ -388,7 +388,7 @@ def _load_encoder(checkpoint: str, dtype: str):
     if ckpt.is_dir() and not (ckpt / PARAMS_FILE).exists() and any(ckpt.glob("model*.safetensors*")):
         raise CommandError(f"{ckpt} looks like an HF checkpoint; convert it first: "
                            f"{PROG} convert {ckpt} OUT_DIR")
-    return VisionEncoder.from_pretrained(ckpt, dtype=dtype)
+    return VisionEncoder.from_pretrained(ckpt, dtype=dtype, compilation_cache_dir=compile_cache)
 
 
 # ---- verify ---------------------------------------------------------------------------------------
@@ -529,7 +529,7 @@ def cmd_bench(args) -> int:
     sizes = parse_sizes(args.sizes)
     if args.repeats <= 0:
         raise CommandError(f"--repeats must be positive, got {args.repeats}")
-    enc = _load_encoder(args.checkpoint, args.dtype)
+    enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
     cfg = enc.cfg
     print(f"{cfg.variant} depth {cfg.depth} width {cfg.width}, {enc.dtype}, on {enc.device.platform}, "
           f"median of {args.repeats}")
@@ -645,6 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pixels", type=int, metavar="N",
                    help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full "
                         "size: ~16k patches)")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
+                        "loads them instead of compiling")
 
     p = sub.add_parser("verify", formatter_class=fmt, help="compare with HF transformers on random inputs "
                        "(needs torch)", description=VERIFY_HELP,
@@ -664,6 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 16x16,36x36; 36x36 patches is a 504x504-pixel image)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per size (default 3)")
+    p.add_argument("--compile-cache", metavar="DIR",
+                   help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
+                        "loads them instead of compiling")
 
     p = sub.add_parser("demo", formatter_class=fmt, help="random-weight end-to-end demo, no download",
                        description=DEMO_HELP, epilog=f"example: {PROG} demo --size tiny --out demo.png")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import pathlib
 import time
 
 import jax
@@ -37,6 +38,28 @@ PLAN_KEYS = (
 )
 
 
+def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
+    """Opt in to JAX's persistent compilation cache in directory `path` (created if missing).
+
+    Process-wide (JAX's own setting, `jax_compilation_cache_dir`): every later compile of this
+    process, ours or not, is looked up there first and stored there after. Programs that
+    compiled faster than `min_compile_seconds` are not stored (JAX's default is 1 s; 0 stores
+    every bucket). A cache written by another jax / jaxlib version or for another device is
+    not used (JAX keys entries on both). Trusted data: do not point it at a directory others
+    can write. Returns the resolved path.
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
+    path = pathlib.Path(path).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"compilation cache path {path} exists and is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    compilation_cache.reset_cache()  # JAX decides once per process whether the cache is on
+    return path
+
+
 class VisionEncoder:
     """Encodes patchified images / videos into merged vision tokens.
 
@@ -49,6 +72,9 @@ class VisionEncoder:
       device: where to run (default: jax.devices()[0]).
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
       max_batch_patches: encode_images packs images into calls of at most this many patches.
+      compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
+        (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
+        instead of compiling them.
     """
 
     def __init__(
@@ -61,7 +87,10 @@ class VisionEncoder:
         device: jax.Device | None = None,
         preprocess: PreprocessConfig | None = None,
         max_batch_patches: int = 16384,
+        compilation_cache_dir: str | os.PathLike | None = None,
     ):
+        if compilation_cache_dir is not None:
+            enable_compilation_cache(compilation_cache_dir)
         self.cfg = cfg
         self.device = device or jax.devices()[0]
         self.num = Numerics(dtype, native_bf16=has_native_bf16(self.device),
@@ -93,7 +122,8 @@ class VisionEncoder:
 
     @property
     def compile_count(self) -> int:
-        """Programs compiled by this encoder so far (one per bucket)."""
+        """Programs compiled by this encoder so far (one per bucket; a program loaded from the
+        persistent compilation cache counts too, with its load time in compile_seconds)."""
         return len(self._compiled)
 
     # ---- the public entry points ---------------------------------------------------------

@@ -52,3 +52,17 @@ def make_image(height: int, width: int, seed: int = 0) -> Image.Image:
     a = np.stack([x / width, y / height, (x + y) / (width + height)], -1) * rng.uniform(100, 255, 3)
     a[height // 3:, : width // 2] = rng.integers(0, 256, 3)
     return Image.fromarray(a.astype(np.uint8))
+
+
+@pytest.fixture
+def restore_compilation_cache():
+    """enable_compilation_cache is process-wide: put the session's cache (above) back after a test."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    saved = {k: getattr(jax.config, k) for k in
+             ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    yield
+    for k, v in saved.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()

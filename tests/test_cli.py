@@ -218,7 +218,7 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
                 raise KeyboardInterrupt
             return tiny_encoder.encode(pixel_values, grid_thw)
 
-    monkeypatch.setattr(cli, "_load_encoder", lambda checkpoint, dtype: Interrupted())
+    monkeypatch.setattr(cli, "_load_encoder", lambda checkpoint, dtype, compile_cache: Interrupted())
     out = tmp_path / "emb.npz"
     # one image per call: a.png is 24 patches, the others more
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")
@@ -309,11 +309,16 @@ def test_random_checkpoint_matches_transformers_layout(hf_saved, tiny_dirs):
 
 
 # ---- bench / demo -----------------------------------------------------------------------------------
-def test_bench(capsys, tiny_dirs):
-    rc, out, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x8,2x4x6", "--repeats", "2")
+def test_bench(capsys, tiny_dirs, tmp_path, restore_compilation_cache):
+    cache = tmp_path / "xla"
+    rc, out, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x8,2x4x6", "--repeats", "2",
+                        "--compile-cache", cache)
     assert rc == 0, err
     rows = out.splitlines()[2:]
     assert [r.split()[:2] for r in rows] == [["8x8", "64"], ["2x4x6", "48"]]
+    assert any(cache.iterdir())  # the programs of the buckets run
+    rc, _, err = main(capsys, "bench", tiny_dirs[1], "--compile-cache", tiny_dirs[1] / "config.json")
+    assert_clean_error(rc, err, "not a directory")
     rc, _, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x")
     assert_clean_error(rc, err, "'8x'")
     rc, _, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "7x8")

@@ -130,3 +130,34 @@ def test_forward_has_no_conditionals(enc):
     bucket = enc.warmup([[[2, 8, 8], [1, 4, 6]]])[0]
     hlo = enc._program(bucket).as_text()
     assert " conditional(" not in hlo and "callback" not in hlo.lower()
+
+
+def test_persistent_compilation_cache(tmp_path, restore_compilation_cache):
+    """An encoder with compilation_cache_dir stores its programs there; another encoder (here:
+    the same process, as a restarted one would) loads them instead of compiling."""
+    events = []
+
+    def listen(name, **_):
+        events.append(name)
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        check_cache_roundtrip(tmp_path, events)
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+
+
+def check_cache_roundtrip(tmp_path, events):
+    cfg, grid = TINY2, [[1, 6, 10]]
+    px = pixels(cfg, grid)
+    cache = tmp_path / "xla"
+    first = qvj.VisionEncoder(cfg, random_params(cfg), compilation_cache_dir=cache)
+    out = first.encode(px, grid)
+    assert first.compile_count == 1 and any(cache.iterdir())
+    hits = events.count("/jax/compilation_cache/cache_hits")
+    second = qvj.VisionEncoder(cfg, random_params(cfg), compilation_cache_dir=cache)
+    np.testing.assert_array_equal(second.encode(px, grid), out)
+    assert events.count("/jax/compilation_cache/cache_hits") == hits + 1
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not a directory"):
+        qvj.enable_compilation_cache(tmp_path / "file")
