@@ -110,6 +110,8 @@ class VisionEncoder:
         from qwen_vit_jax.convert import load_converted
 
         Numerics(dtype)  # validate before reading gigabytes
+        if kwargs.get("compilation_cache_dir") is not None:
+            enable_compilation_cache(kwargs.pop("compilation_cache_dir"))
         cfg, params, _ = load_converted(path)
         pre = os.path.join(path, "preprocessor_config.json")
         if os.path.exists(pre) and "preprocess" not in kwargs:
