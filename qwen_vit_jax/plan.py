@@ -65,7 +65,7 @@ class _BufferPool:
 
     def __init__(self, min_items: int = 1 << 15, max_bytes: int = 32 << 20):
         self.min_items, self.max_bytes = min_items, max_bytes
-        self._blocks: list[tuple[bytearray, list]] = []  # (memory, [weakref to the array or None])
+        self._blocks: list[tuple[bytearray, list]] = []  # (memory, [weakref to the array handed out])
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -77,7 +77,7 @@ class _BufferPool:
         items = 1 << (n - 1).bit_length()
         with self._lock:
             for block, ref in self._blocks:
-                if len(block) == 4 * items and (ref[0] is None or ref[0]() is None):
+                if len(block) == 4 * items and ref[0]() is None:
                     return self._hand_out(block, ref)
             if self._bytes + 4 * items > self.max_bytes:
                 return _EMPTY
