@@ -31,6 +31,7 @@ from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model import abstract_model, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
+
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
     """Opt in to JAX's persistent compilation cache in directory `path` (created if missing).
 
