@@ -239,6 +239,7 @@ class VisionTransformer(nnx.Module):
           with hidden_states, (out, hidden) with hidden [depth + 1, N, width] float32.
         """
         cfg = self.cfg
+        plan = jax.tree.map(jnp.asarray, plan)  # a closed-over host plan becomes constants
         x = self.patch_embed(pixels)  # [N, D] float32
         cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
         graphdef, stacked = nnx.split(self.blocks)

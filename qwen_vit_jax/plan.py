@@ -619,6 +619,45 @@ def segment_lengths(grid_thw, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray
     return frames, np.diff(cu).astype(np.int64)
 
 
+def to_spatial(rows, grid_thw, cfg: VisionConfig) -> list:
+    """A request's rows as one [..., t, h, w, C] array per image or video.
+
+    Args:
+      rows: [..., R, C] NumPy or JAX array: patch rows (R = sum(t * h * w): hidden states) or merged
+        tokens (R = sum(t * h * w) / merge_unit: what `encode` returns), told apart by R; leading
+        axes (e.g. [depth + 1] of hidden states) are kept.
+      grid_thw: [k, 3] the request's grid.
+    Returns:
+      k arrays: [..., t, h, w, C] for patch rows, [..., t, h / m, w / m, C] for tokens
+      (m = spatial_merge_size), in raster order: element [.., f, y, x, :] is the patch (or 2x2
+      merged patch) at row y, column x of frame f. Within a frame, patch rows come in merge-unit
+      order (m x m patches of one merge unit consecutive, units in raster order over the merged
+      grid); this undoes it.
+    """
+    g = validate_grid(grid_thw, cfg)
+    m = cfg.spatial_merge_size
+    n = int((g[:, 0] * g[:, 1] * g[:, 2]).sum())
+    total = rows.shape[-2]
+    if total not in (n, n // (m * m)):
+        raise ValueError(f"to_spatial: rows has {total} rows; grid_thw has {n} patches "
+                         f"({n // (m * m)} merged tokens)")
+    merged = total != n or m == 1
+    lead, c = rows.shape[:-2], rows.shape[-1]
+    out, start = [], 0
+    for t, h, w in g.tolist():
+        if merged:
+            size = t * (h // m) * (w // m)
+            out.append(rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, c))
+        else:
+            size = t * h * w
+            x = rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, m, m, c)
+            k = len(lead)  # [.., t, hb, wb, i, j, C] -> [.., t, hb, i, wb, j, C] -> [.., t, h, w, C]
+            x = x.transpose(*range(k), k, k + 1, k + 3, k + 2, k + 4, k + 5)
+            out.append(x.reshape(*lead, t, h, w, c))
+        start += size
+    return out
+
+
 # ---- buckets ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Bucket:
