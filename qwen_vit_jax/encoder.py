@@ -140,7 +140,7 @@ class VisionEncoder:
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
-        return np.concatenate([p.unpad(np.asarray(o), self.cfg.merge_unit) for p, o in zip(plans, outs)])
+        return np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
