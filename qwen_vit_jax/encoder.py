@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import os
 import pathlib
+import threading
 import time
 
 import jax
@@ -101,6 +102,8 @@ class VisionEncoder:
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         self._state = _fill_state(abstract, params, self.num, self.device)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
+        # Held while compiling: two threads asking for the same new bucket compile it once.
+        self._compile_lock = threading.Lock()
         self.compile_seconds: dict[planlib.Bucket, float] = {}
         self._flops: dict[planlib.Bucket, float] = {}
 
@@ -250,7 +253,12 @@ class VisionEncoder:
 
     def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
         program = self._compiled.get(bucket)
-        if program is None:
+        if program is not None:  # the hot path takes no lock
+            return program
+        with self._compile_lock:  # one compile at a time; a waiter finds the program done
+            program = self._compiled.get(bucket)
+            if program is not None:
+                return program
             t0 = time.perf_counter()
             pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
             program = (
@@ -258,8 +266,8 @@ class VisionEncoder:
                 .lower(self._state, pixels, tables, key_blocks=bucket.key_blocks, block=bucket.block)
                 .compile()
             )
-            self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
+            self._compiled[bucket] = program  # last: a lock-free reader sees a finished entry
         return program
 
     def _forward(self, state, pixels, tables, *, key_blocks: int, block: int, unroll: bool = False):
