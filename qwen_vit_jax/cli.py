@@ -687,6 +687,8 @@ COMMANDS = {"encode": cmd_encode, "verify": cmd_verify, "bench": cmd_bench, "dem
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    from qwen_vit_jax.convert import sigterm_as_interrupt
+
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["convert"]:  # convert.py owns that parser (also behind convert_weights.py)
@@ -697,7 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_help(sys.stderr)
             return 2
-        return COMMANDS[args.command](args)
+        with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: temporary files are removed
+            return COMMANDS[args.command](args)
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 1
     except CommandError as e:
