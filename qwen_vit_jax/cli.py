@@ -290,6 +290,10 @@ def cmd_encode(args) -> int:
         raise CommandError(f"output folder not found: {out.parent}")
     if out.exists() and not (args.resume or args.overwrite):
         raise CommandError(f"{out} exists: --resume adds the missing inputs to it, --overwrite replaces it")
+    try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as e:
+        raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
     paths = find_images(args.inputs, args.recursive)
     if not paths:
         raise CommandError("no input images found (folders are searched for "
