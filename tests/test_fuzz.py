@@ -181,8 +181,10 @@ def test_plan_invariants(request, policy):
 def test_requests_split_into_several_chunks(cfg, data, max_patches):
     """Many frames against a small budget: several chunks, cuts inside videos."""
     m = cfg.spatial_merge_size
+    # > 2 budgets of rows in >= 2 frames: one chunk would hold > max_patches rows and several
+    # frames, which only a single frame may (a frame over budget is a chunk of its own)
     grid = data.draw(grid_lists(m, max_t=8, max_side=max(2 * m, 32)).filter(
-        lambda gr: sum(t * h * w for t, h, w in gr) > 2 * max_patches))
+        lambda gr: sum(t * h * w for t, h, w in gr) > 2 * max_patches and sum(t for t, _, _ in gr) >= 2))
     policy = BucketPolicy(max_patches=max_patches)
     plans = make_plans(grid, cfg, policy)
     assert len(plans) >= 2
