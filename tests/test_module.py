@@ -238,6 +238,9 @@ def test_encode_rejects_non_finite_pixels(case):
         enc.encode(px, grid)
     out = enc.encode(px, grid, check_finite=False)  # isolation still holds
     np.testing.assert_array_equal(out[:16], clean[:16])
+    px[64 + 30, 5], px[3, 1000] = 0.0, np.nan
+    with pytest.raises(ValueError, match=r"image 0 .*its row 3 \(pixel_values row 3\) has nan; 1 bad row"):
+        enc.encode(px, grid)
 
 
 def test_model_from_params_checks_every_parameter():
