@@ -74,6 +74,35 @@ def _timed(fn, args, repeats: int) -> float:
     return statistics.median(common.time_calls(lambda: jax.block_until_ready(fn(*args)), repeats))
 
 
+def _peak_fn(mode: str):
+    """(jitted dot, its args, FLOPs) of PEAK_SHAPE in one mode (float32 / bf16_f32acc / bf16_bf16)."""
+    import jax
+    import jax.numpy as jnp
+
+    m, k, n = PEAK_SHAPE
+    dtype, result, prec = {"float32": (jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
+                           "bf16_f32acc": (jnp.bfloat16, jnp.float32, None),
+                           "bf16_bf16": (jnp.bfloat16, jnp.bfloat16, None)}[mode]
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
+    return jax.jit(lambda x, y: jnp.dot(x, y, precision=prec, preferred_element_type=result)), (a, b), 2 * m * k * n
+
+
+def _timed_vs_peak(fn, args, peak, repeats: int) -> tuple[float, float]:
+    """(median seconds of fn(*args), median GFLOP/s of the peak dot), the two timed alternately
+    call by call: on a shared machine whose speed drifts, their ratio is what holds."""
+    import jax
+
+    pf, pargs, pflops = peak
+    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(pf(*pargs))
+    ts, tp = [], []
+    for _ in range(repeats):
+        tp += common.time_calls(lambda: jax.block_until_ready(pf(*pargs)), 1)
+        ts += common.time_calls(lambda: jax.block_until_ready(fn(*args)), 1)
+    return statistics.median(ts), pflops / statistics.median(tp) / 1e9
+
+
 def _operand_state(module, num):
     """(graphdef, state) of an nnx module with every matrix ("kernel") in the operand dtype."""
     from flax import nnx
@@ -82,11 +111,6 @@ def _operand_state(module, num):
     flat = [(path, var.replace(var[...].astype(num.operand_dtype) if path[-1] == "kernel" else var[...]))
             for path, var in nnx.to_flat_state(state)]
     return graphdef, nnx.from_flat_state(flat)
-
-
-def _peak(dtype_mode: str, repeats: int) -> float:
-    """XLA GFLOP/s of PEAK_SHAPE in one mode (float32 / bf16_f32acc / bf16_bf16)."""
-    return _dot_gflops(*PEAK_SHAPE, dtype_mode, repeats)
 
 
 def _dot_gflops(m: int, k: int, n: int, mode: str, repeats: int) -> float:
@@ -167,11 +191,13 @@ def pieces_worker(p: dict) -> dict:
     }
     mode = _own_mode(num)
     out = {"numerics": str(num), "bucket": str(bucket), "peak_mode": mode, "pieces": {}}
+    peak = _peak_fn(mode)
     for name, (fn, args, flops, count) in pieces.items():
-        sec = _timed(fn, args, reps)
-        out["pieces"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9 if flops else None, "count": count}
-        common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms")
-    out["peak"] = _peak(mode, reps)
+        sec, pk = _timed_vs_peak(fn, args, peak, reps)
+        out["pieces"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9 if flops else None, "count": count,
+                               "peak": pk}
+        common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms (peak {pk:.0f})")
+    out["peak"] = statistics.median(x["peak"] for x in out["pieces"].values())
     if p.get("ours"):
         import qwen_vit_jax as qvj
 
@@ -179,7 +205,9 @@ def pieces_worker(p: dict) -> dict:
         g = np.array([[1, p["side"], p["side"]]])
         px = common.random_pixels(g, cfg.patch_dim)
         enc.encode(px, g)
-        out["forward_ms"] = 1e3 * statistics.median(common.time_calls(enc.encode, reps, px, g))
+        sec, pk = _timed_vs_peak(enc.encode, (px, g), peak, reps)
+        out["forward_ms"], out["forward_peak"] = 1e3 * sec, pk
+        out["forward_gflops"] = common.forward_flops(cfg, g.tolist()) / sec / 1e9
         out["encoder_numerics"] = str(enc.num)
     return out
 
@@ -219,6 +247,7 @@ def mlp_pad_worker(p: dict) -> dict:
     x = jax.random.normal(jax.random.key(2), (n, cfg.width), jnp.float32)
     base = SwiGLU(cfg, num, rngs=nnx.Rngs(0))
     ref_fn, out = None, {"numerics": str(num), "sizes": {}}
+    peak = _peak_fn(_own_mode(num))
     for size in [cfg.intermediate_size, *p["sizes"]]:
         mlp = SwiGLU(dataclasses.replace(cfg, intermediate_size=size), num, rngs=nnx.Rngs(0))
         extra = size - cfg.intermediate_size
@@ -233,14 +262,14 @@ def mlp_pad_worker(p: dict) -> dict:
         y = np.asarray(fn(state, x))
         if ref_fn is None:
             ref_fn = y
-        sec = _timed(fn, (state, x), p["repeats"])
+        sec, pk = _timed_vs_peak(fn, (state, x), peak, p["repeats"])
         out["sizes"][size] = {
-            "ms": 1e3 * sec, "gflops_real": 3 * 2 * n * cfg.width * cfg.intermediate_size / sec / 1e9,
+            "ms": 1e3 * sec, "peak": pk, "gflops_real": 3 * 2 * n * cfg.width * cfg.intermediate_size / sec / 1e9,
             "max_abs_diff": float(np.abs(y - ref_fn).max()), "bitwise_equal": bool(np.array_equal(y, ref_fn)),
             "rel_diff": float(np.linalg.norm(y - ref_fn) / np.linalg.norm(ref_fn)),
         }
         common.log(f"mlp I={size}: {out['sizes'][size]}")
-    out["peak"] = _peak(_own_mode(num), p["repeats"])
+    out["peak"] = statistics.median(x["peak"] for x in out["sizes"].values())
     return out
 
 
@@ -312,30 +341,97 @@ def attn_worker(p: dict) -> dict:
                                                      plan.bucket.key_blocks, nm), seg)
     out = {"numerics": str(num), "bucket": str(plan.bucket), "window_slots": [w, s], "tiles": tiles.shape[1],
            "variants": {}}
-    refs = {}
+    refs, peak = {}, _peak_fn(_own_mode(num))
     for name, (fn, flops) in variants.items():
         fn = jax.jit(fn)
         y = np.asarray(fn(q, k, v))[:real]
         kind = name.split(":")[0]
         refs.setdefault(kind, y)
-        sec = _timed(fn, (q, k, v), reps)
-        out["variants"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9,
+        sec, pk = _timed_vs_peak(fn, (q, k, v), peak, reps)
+        out["variants"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9, "peak": pk,
                                  "max_abs_diff_vs_current": float(np.abs(y - refs[kind]).max())}
         common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms")
-    out["peak"] = _peak(_own_mode(num), reps)
+    out["peak"] = statistics.median(x["peak"] for x in out["variants"].values())
     return out
 
 
 def flags_worker(p: dict) -> dict:
-    """Dots and the SwiGLU (both dtypes) under this process's XLA_FLAGS."""
-    res = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "dots": dots_worker(p)}
+    """Under this process's XLA_FLAGS: the peak-shape dots, and per dtype the SwiGLU and a whole
+    window-attention block (same seeds in every process: same weights and inputs), their
+    outputs saved to p["save"]/NAME-DTYPE-{mlp,block}.npy for the parent to compare."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from qwen_vit_jax.model import Block, rotary_cos_sin
+
+    res = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "dots": dots_worker({**p, "shapes": [PEAK_SHAPE]})}
+
+    def one(dtype):
+        cfg, plan, tables, num = _setup({**p, "dtype": dtype})
+        kb, blk_rows = plan.bucket.key_blocks, plan.bucket.block
+        graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
+        x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
+        cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+        fns = {"mlp": jax.jit(lambda st, x: nnx.merge(graphdef, st).mlp(x)),
+               "block": jax.jit(lambda st, x: nnx.merge(graphdef, st)(x, cos, sin, tables, full=False,
+                                                                        key_blocks=kb, block=blk_rows))}
+        for name, fn in fns.items():
+            np.save(f"{p['save']}/{p['name']}-{dtype}-{name}.npy", np.asarray(fn(state, x)))
+            res[f"{name}_{dtype}_ms"] = 1e3 * _timed(fn, (state, x), p["repeats"])
+
     for dtype in p["dtypes"]:
-        r = mlp_pad_worker({**p, "dtype": dtype, "sizes": []})
-        res[f"mlp_{dtype}_ms"] = next(iter(r["sizes"].values()))["ms"]
+        one(dtype)
     return res
 
 
 # ---- parent ----------------------------------------------------------------------------------
+def flags_part(args, base: dict, dtypes: list[str]) -> dict:
+    """Each flag set in its own process, --flag-rounds rounds in alternating order; medians over
+    rounds; outputs compared with the "default" process's (same weights and inputs)."""
+    import tempfile
+
+    names = args.flag_sets.split(",")
+    if "default" not in names:
+        names.insert(0, "default")
+    save = tempfile.mkdtemp(prefix="qvj-flags-")
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rnd in range(args.flag_rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {FLAG_SETS[name]}".strip())
+            try:
+                runs[name].append(common.run_worker(__file__, "flags", {
+                    **base, "dtypes": dtypes, "save": save, "name": f"{names.index(name)}-{rnd}"}, env=env))
+            except RuntimeError as e:
+                runs[name].append({"error": str(e)})
+    out, rows = {}, []
+    keys = [f"{what}_{dt}_ms" for dt in dtypes for what in ("mlp", "block")]
+    for name in names:
+        ok = [r for r in runs[name] if "error" not in r]
+        if not ok:
+            out[name] = {"error": runs[name][0]["error"]}
+            rows.append([name, f"`{FLAG_SETS[name]}`", "failed", *[""] * (2 + len(keys) + len(dtypes))])
+            continue
+        pk = {m: statistics.median(r["dots"]["x".join(map(str, PEAK_SHAPE))][m] for r in ok)
+              for m in common.PEAK_MODES}
+        ms = {k: statistics.median(r[k] for r in ok) for k in keys}
+        diff = {}
+        for dt in dtypes:  # largest relative difference from the default, over rounds and pieces
+            ref = {w: np.load(f"{save}/0-0-{dt}-{w}.npy") for w in ("mlp", "block")}
+            diff[dt] = max(float(np.linalg.norm(np.load(f"{save}/{names.index(name)}-{rnd}-{dt}-{w}.npy") - ref[w])
+                                 / np.linalg.norm(ref[w]))
+                           for rnd, r in enumerate(runs[name]) if "error" not in r for w in ("mlp", "block"))
+        out[name] = {"peak": pk, "ms": ms, "rel_diff_vs_default": diff, "rounds": len(ok)}
+        rows.append([name, f"`{FLAG_SETS[name]}`" if FLAG_SETS[name] else "-",
+                     *(f"{pk[m]:.0f}" for m in common.PEAK_MODES), *(f"{ms[k]:.0f}" for k in keys),
+                     *(f"{diff[dt]:.1e}" for dt in dtypes)])
+    print(f"### XLA flags ({args.flag_rounds} alternating rounds, medians): dot GFLOP/s on "
+          f"[1536,1280]x[1280,5120]; SwiGLU and window-attention block ms (1536 rows); rel diff vs default\n")
+    print(common.markdown_table(["flags", "XLA_FLAGS", *common.PEAK_MODES, *keys,
+                                 *(f"rel diff {dt}" for dt in dtypes)], rows) + "\n")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="pieces,dots,mlp_pad,attn,flags")
@@ -343,6 +439,7 @@ def main() -> None:
     ap.add_argument("--side", type=int, default=36)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flag-sets", default=",".join(FLAG_SETS), help="names from FLAG_SETS")
+    ap.add_argument("--flag-rounds", type=int, default=2, help="alternating rounds of the flag-set processes")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/profile.json)")
     args = ap.parse_args()
     parts, dtypes = args.parts.split(","), args.dtypes.split(",")
@@ -362,12 +459,16 @@ def main() -> None:
                 rows.append([name, f"{x['ms']:.2f}", x["count"] or "-",
                              f"{x['ms'] * x['count']:.0f}" if x["count"] else "-",
                              f"{x['gflops']:.0f}" if x["gflops"] else "-",
-                             f"{100 * x['gflops'] / r['peak']:.0f}%" if x["gflops"] else "-"])
-            print(f"### pieces, {r['numerics']}, {r['bucket']}; peak ({r['peak_mode']}) {r['peak']:.0f} GFLOP/s\n")
-            print(common.markdown_table(["piece", "ms", "per forward", "ms per forward", "GFLOP/s", "% peak"], rows))
-            fwd = r.get("forward_ms")
-            print(f"\nsum of pieces x count: {total:.0f} ms; real forward (encode): "
-                  f"{f'{fwd:.0f} ms' if fwd else '-'}; uptime load {os.getloadavg()[0]:.2f}\n")
+                             f"{100 * x['gflops'] / x['peak']:.0f}%" if x["gflops"] else "-", f"{x['peak']:.0f}"])
+            print(f"### pieces, {r['numerics']}, {r['bucket']}; peak mode {r['peak_mode']}, median "
+                  f"{r['peak']:.0f} GFLOP/s\n")
+            print(common.markdown_table(["piece", "ms", "per forward", "ms per forward", "GFLOP/s", "% peak",
+                                         "peak (interleaved)"], rows))
+            fwd = (f"{r['forward_ms']:.0f} ms, {r['forward_gflops']:.0f} GFLOP/s real rows = "
+                   f"{100 * r['forward_gflops'] / r['forward_peak']:.0f}% of the interleaved peak "
+                   f"{r['forward_peak']:.0f}") if r.get("forward_ms") else "-"
+            print(f"\nsum of pieces x count: {total:.0f} ms; real forward (encode): {fwd}; "
+                  f"uptime load {os.getloadavg()[0]:.2f}\n")
     if "dots" in parts:
         n = 1536
         shapes = [[n, 1280, c] for c in (1280, 3840, 3420, 3456, 3584, 4096, 5120)]
@@ -385,7 +486,7 @@ def main() -> None:
             print(f"### SwiGLU zero-padded, {r['numerics']}; peak {r['peak']:.0f} GFLOP/s\n")
             headers = ["I", "ms", "real GFLOP/s", "% peak", "bitwise equal", "max abs diff", "rel diff"]
             print(common.markdown_table(headers, [
-                [s, f"{x['ms']:.2f}", f"{x['gflops_real']:.0f}", f"{100 * x['gflops_real'] / r['peak']:.0f}%",
+                [s, f"{x['ms']:.2f}", f"{x['gflops_real']:.0f}", f"{100 * x['gflops_real'] / x['peak']:.0f}%",
                  x["bitwise_equal"], f"{x['max_abs_diff']:.1e}", f"{x['rel_diff']:.1e}"]
                 for s, x in r["sizes"].items()]) + "\n")
     if "attn" in parts:
@@ -395,27 +496,10 @@ def main() -> None:
             print(f"### attention cores, {r['numerics']}, {r['bucket']}, window slots {r['window_slots']}, "
                   f"{r['tiles']} tiles; peak {r['peak']:.0f} GFLOP/s\n")
             print(common.markdown_table(["variant", "ms", "GFLOP/s (computed)", "% peak", "max abs diff vs current"], [
-                [name, f"{x['ms']:.2f}", f"{x['gflops']:.0f}", f"{100 * x['gflops'] / r['peak']:.0f}%",
+                [name, f"{x['ms']:.2f}", f"{x['gflops']:.0f}", f"{100 * x['gflops'] / x['peak']:.0f}%",
                  f"{x['max_abs_diff_vs_current']:.1e}"] for name, x in r["variants"].items()]) + "\n")
     if "flags" in parts:
-        res["flags"], rows = {}, []
-        shapes = [list(PEAK_SHAPE), [1536, 1280, 3420], [1536, 3420, 1280]]
-        for name in args.flag_sets.split(","):
-            env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {FLAG_SETS[name]}".strip())
-            try:
-                r = common.run_worker(__file__, "flags", {**base, "shapes": shapes, "dtypes": dtypes}, env=env)
-            except RuntimeError as e:
-                res["flags"][name] = {"error": str(e)}
-                rows.append([name, FLAG_SETS[name], "failed", "", "", "", ""])
-                continue
-            res["flags"][name] = r
-            pk = r["dots"]["x".join(map(str, PEAK_SHAPE))]
-            rows.append([name, f"`{FLAG_SETS[name]}`" if FLAG_SETS[name] else "-",
-                         *(f"{pk[m]:.0f}" for m in common.PEAK_MODES),
-                         *(f"{r.get(f'mlp_{dt}_ms', float('nan')):.1f}" for dt in ("float32", "bfloat16"))])
-        print("### XLA flags: dot GFLOP/s on [1536,1280]x[1280,5120], SwiGLU ms (1536 rows)\n")
-        print(common.markdown_table(["flags", "XLA_FLAGS", "float32", "bf16 in / f32 acc", "bf16 -> bf16",
-                                     "SwiGLU fp32 ms", "SwiGLU bf16 ms"], rows) + "\n")
+        res["flags"] = flags_part(args, base, dtypes)
     common.write_json(args.out or common.default_out("profile", False), {"bench": "profile", **base, **res})
 
 
