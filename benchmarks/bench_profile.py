@@ -19,7 +19,9 @@ Parts (--parts, comma-separated):
            time and the difference from the unpadded output
   attn     window and segment attention cores: operand dtypes, batched vs per-head loops,
            windows grouped into larger slots
-  flags    dots and the MLP under XLA_FLAGS variants (one process each)
+  flags    dots, the SwiGLU and a window block under XLA_FLAGS variants (one process each,
+           alternating rounds; outputs compared with the default flags')
+  gap      the real forward against its 32 layers run as standalone jitted blocks, alternately
 
 Each part runs in its own JAX process (XLA_FLAGS apply per process).
 
@@ -210,6 +212,45 @@ def pieces_worker(p: dict) -> dict:
         out["forward_gflops"] = common.forward_flops(cfg, g.tolist()) / sec / 1e9
         out["encoder_numerics"] = str(enc.num)
     return out
+
+
+def gap_worker(p: dict) -> dict:
+    """The real forward (encode) against its layers run as standalone jitted blocks (random
+    weights, same shapes: 28 window + 4 full blocks per call), timed call by call alternately:
+    what the scanned program loses or gains against its layers."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import qwen_vit_jax as qvj
+    from qwen_vit_jax.model import Block, rotary_cos_sin
+
+    cfg, plan, tables, num = _setup(p)
+    kb, blk_rows = plan.bucket.key_blocks, plan.bucket.block
+    graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
+    x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
+    cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+    blocks = {full: jax.jit(lambda st, x, full=full: nnx.merge(graphdef, st)(
+        x, cos, sin, tables, full=full, key_blocks=kb, block=blk_rows)) for full in (False, True)}
+    kinds = cfg.full_attention_layers
+
+    def layers():
+        y = x
+        for full in kinds:
+            y = blocks[full](state, y)
+        return jax.block_until_ready(y)
+
+    enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype=p["dtype"])
+    g = np.array([[1, p["side"], p["side"]]])
+    px = common.random_pixels(g, cfg.patch_dim)
+    enc.encode(px, g)
+    layers()
+    tf, tl = [], []
+    for _ in range(p["repeats"]):
+        tf += common.time_calls(enc.encode, 1, px, g)
+        tl += common.time_calls(layers, 1)
+    return {"numerics": str(enc.num), "forward_s": tf, "layers_s": tl,
+            "ratio": statistics.median(f / l for f, l in zip(tf, tl))}
 
 
 def dots_worker(p: dict) -> dict:
@@ -500,11 +541,19 @@ def main() -> None:
                  f"{x['max_abs_diff_vs_current']:.1e}"] for name, x in r["variants"].items()]) + "\n")
     if "flags" in parts:
         res["flags"] = flags_part(args, base, dtypes)
+    if "gap" in parts and ckpt.is_dir():
+        res["gap"] = {}
+        for dtype in dtypes:
+            r = res["gap"][dtype] = common.run_worker(__file__, "gap", {**base, "dtype": dtype, "ours": str(ckpt)})
+            print(f"### forward vs its layers as standalone blocks, {r['numerics']} (alternating calls): "
+                  f"forward {statistics.median(r['forward_s']):.2f} s, 32 blocks "
+                  f"{statistics.median(r['layers_s']):.2f} s, forward / blocks per pair median {r['ratio']:.2f}; "
+                  f"load {os.getloadavg()[0]:.2f}\n")
     common.write_json(args.out or common.default_out("profile", False), {"bench": "profile", **base, **res})
 
 
 if __name__ == "__main__" and not common.worker_main({
     "pieces": pieces_worker, "dots": dots_worker, "mlp_pad": mlp_pad_worker, "attn": attn_worker,
-    "flags": flags_worker,
+    "flags": flags_worker, "gap": gap_worker,
 }):
     main()
