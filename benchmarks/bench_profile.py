@@ -22,6 +22,8 @@ Parts (--parts, comma-separated):
   flags    dots, the SwiGLU and a window block under XLA_FLAGS variants (one process each,
            alternating rounds; outputs compared with the default flags')
   gap      the real forward against its 32 layers run as standalone jitted blocks, alternately
+  stack    stacked bf16 weights indexed in a loop: does XLA convert the whole stacks to float32
+           first, and does storing them bit-cast to uint16 avoid it
 
 Each part runs in its own JAX process (XLA_FLAGS apply per process).
 
@@ -251,6 +253,52 @@ def gap_worker(p: dict) -> dict:
         tl += common.time_calls(layers, 1)
     return {"numerics": str(enc.num), "forward_s": tf, "layers_s": tl,
             "ratio": statistics.median(f / l for f, l in zip(tf, tl))}
+
+
+def stack_worker(p: dict) -> dict:
+    """A loop over `layers` SwiGLUs whose bf16 weights are stacked [L, ...] and indexed in place
+    (lax.dynamic_index_in_dim, as model.VisionTransformer does), against the same loop over the
+    same weights stored bit-cast to uint16 and bit-cast back to bf16 after the index (the same
+    bits: exact). Reports whether XLA converts the whole bf16 stacks to float32 ahead of the loop
+    (a `f32[L, ...] convert` in the compiled program) and the times, call by call alternately."""
+    import jax
+    import jax.numpy as jnp
+
+    from qwen_vit_jax.attention import Numerics
+
+    cfg, plan, _, _ = _setup({**p, "dtype": "bfloat16"})
+    num = Numerics("bfloat16")
+    n, d, i, layers = plan.bucket.patches, cfg.width, cfg.intermediate_size, p["layers"]
+    keys = jax.random.split(jax.random.key(0), 3)
+    w = [(jax.random.normal(k, shape, jnp.float32) * 0.02).astype(jnp.bfloat16)
+         for k, shape in zip(keys, [(layers, d, i), (layers, d, i), (layers, i, d)])]
+    x = jax.random.normal(jax.random.key(2), (n, d), jnp.float32)
+
+    def run(ws, x, unpack):
+        def body(j, x):
+            g, u, dn = (unpack(jax.lax.dynamic_index_in_dim(a, j, keepdims=False)) for a in ws)
+            h = jax.nn.silu(num.einsum("nd,di->ni", x, g)) * num.einsum("nd,di->ni", x, u)
+            return x + num.einsum("ni,id->nd", h, dn)
+        return jax.lax.fori_loop(0, layers, body, x)
+
+    variants = {
+        "bf16 stack": (jax.jit(lambda ws, x: run(ws, x, lambda a: a)), w),
+        "uint16 bit-cast stack": (jax.jit(lambda ws, x: run(ws, x, lambda a: jax.lax.bitcast_convert_type(
+            a, jnp.bfloat16))), [jax.lax.bitcast_convert_type(a, jnp.uint16) for a in w]),
+    }
+    out, ys, times = {}, {}, {k: [] for k in variants}
+    for name, (fn, ws) in variants.items():
+        text = fn.lower(ws, x).compile().as_text()
+        out[name] = {"f32_stack_converts": text.count(f"f32[{layers},{d},{i}]{{2,1,0}} convert(")
+                     + text.count(f"f32[{layers},{i},{d}]{{2,1,0}} convert(")}
+        ys[name] = np.asarray(fn(ws, x))
+    for _ in range(p["repeats"]):
+        for name, (fn, ws) in variants.items():
+            times[name] += common.time_calls(lambda fn=fn, ws=ws: jax.block_until_ready(fn(ws, x)), 1)
+    for name in variants:
+        out[name]["ms"] = 1e3 * statistics.median(times[name])
+        out[name]["bitwise_equal_to_bf16_stack"] = bool(np.array_equal(ys[name], ys["bf16 stack"]))
+    return {"layers": layers, "variants": out}
 
 
 def dots_worker(p: dict) -> dict:
@@ -541,6 +589,12 @@ def main() -> None:
                  f"{x['max_abs_diff_vs_current']:.1e}"] for name, x in r["variants"].items()]) + "\n")
     if "flags" in parts:
         res["flags"] = flags_part(args, base, dtypes)
+    if "stack" in parts:
+        r = res["stack"] = common.run_worker(__file__, "stack", {**base, "layers": 8})
+        print(f"### {r['layers']} stacked bf16 SwiGLUs in a fori_loop, weights indexed in place (alternating calls)\n")
+        print(common.markdown_table(["weights stored as", "f32 [L,...] stack converts", "ms", "bitwise equal"], [
+            [name, x["f32_stack_converts"], f"{x['ms']:.0f}", x["bitwise_equal_to_bf16_stack"]]
+            for name, x in r["variants"].items()]) + "\n")
     if "gap" in parts and ckpt.is_dir():
         res["gap"] = {}
         for dtype in dtypes:
@@ -554,6 +608,6 @@ def main() -> None:
 
 if __name__ == "__main__" and not common.worker_main({
     "pieces": pieces_worker, "dots": dots_worker, "mlp_pad": mlp_pad_worker, "attn": attn_worker,
-    "flags": flags_worker, "gap": gap_worker,
+    "flags": flags_worker, "gap": gap_worker, "stack": stack_worker,
 }):
     main()
