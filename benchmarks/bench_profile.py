@@ -24,6 +24,8 @@ Parts (--parts, comma-separated):
   gap      the real forward against its 32 layers run as standalone jitted blocks, alternately
   stack    stacked bf16 weights indexed in a loop: does XLA convert the whole stacks to float32
            first, and does storing them bit-cast to uint16 avoid it
+  u16      the same on the real bf16 forward: the encoder's program vs its forward with uint16
+           block stacks (bench_forward's checkpoint), bitwise compared
 
 Each part runs in its own JAX process (XLA_FLAGS apply per process).
 
@@ -299,6 +301,75 @@ def stack_worker(p: dict) -> dict:
         out[name]["ms"] = 1e3 * statistics.median(times[name])
         out[name]["bitwise_equal_to_bf16_stack"] = bool(np.array_equal(ys[name], ys["bf16 stack"]))
     return {"layers": layers, "variants": out}
+
+
+def u16_forward_worker(p: dict) -> dict:
+    """The encoder's bf16 program against the same forward (VisionTransformer.__call__'s layer
+    schedule, the model's own modules and weights) with the block stacks held as uint16 bits and
+    bit-cast back to bf16 after each layer's index: outputs compared bitwise, alternating calls."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import qwen_vit_jax as qvj
+    from qwen_vit_jax.encoder import PLAN_KEYS
+    from qwen_vit_jax.model import layer_schedule, rotary_cos_sin
+
+    enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
+    g = np.array([[1, p["side"], p["side"]]])
+    plans, pixels = enc._prepare(common.random_pixels(g, enc.cfg.patch_dim), g)
+    plan = plans[0]
+    px, *tables = jax.device_put((pixels[0], *plan.device_arrays()), enc.device)
+    tables = dict(zip(PLAN_KEYS, tables))
+    kb, blk = plan.bucket.key_blocks, plan.bucket.block
+    blocks_gd, blocks_state = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
+    packed = jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype == jnp.bfloat16 else a,
+                          blocks_state)
+
+    def unpack(a):
+        return jax.lax.bitcast_convert_type(a, jnp.bfloat16) if a.dtype == jnp.uint16 else a
+
+    def fwd(state, packed, pixels, tables):
+        model = nnx.merge(enc._graphdef, state)
+        cfg = model.cfg
+        x = model.patch_embed(pixels)
+        cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+
+        def layer_at(x, i, full):
+            st = jax.tree.map(lambda a: unpack(jax.lax.dynamic_index_in_dim(a, i, keepdims=False)), packed)
+            return nnx.merge(blocks_gd, st)(x, cos, sin, tables, full=full, key_blocks=kb, block=blk)
+
+        runs, groups = layer_schedule(cfg.full_attention_layers)
+        period = len(cfg.full_attention_layers) // groups
+
+        def group(x, gi):
+            start = gi * period
+            for full, length in runs:
+                if length == 1:
+                    x = layer_at(x, start, full)
+                else:
+                    x = jax.lax.scan(lambda x, i, full=full: (layer_at(x, i, full), None), x,
+                                     start + jnp.arange(length))[0]
+                start = start + length
+            return x, None
+
+        x, _ = jax.lax.scan(group, x, jnp.arange(groups))
+        return model.merger(x)
+
+    base = enc._program(plan.bucket)
+    new = jax.jit(fwd).lower(enc._state, packed, px, tables).compile()
+    text = new.as_text()
+    calls = {"encoder program": lambda: jax.block_until_ready(base(enc._state, px, tables)),
+             "uint16 stacks": lambda: jax.block_until_ready(new(enc._state, packed, px, tables))}
+    ys = {k: np.asarray(f()) for k, f in calls.items()}
+    times = {k: [] for k in calls}
+    for _ in range(p["repeats"]):
+        for k, f in calls.items():
+            times[k] += common.time_calls(f, 1)
+    return {"ms": {k: 1e3 * statistics.median(t) for k, t in times.items()}, "times": times,
+            "bitwise_equal": bool(np.array_equal(ys["encoder program"], ys["uint16 stacks"])),
+            "f32_stack_converts": {"encoder program": base.as_text().count("f32[32,"),
+                                   "uint16 stacks": text.count("f32[32,")}}
 
 
 def dots_worker(p: dict) -> dict:
@@ -595,6 +666,12 @@ def main() -> None:
         print(common.markdown_table(["weights stored as", "f32 [L,...] stack converts", "ms", "bitwise equal"], [
             [name, x["f32_stack_converts"], f"{x['ms']:.0f}", x["bitwise_equal_to_bf16_stack"]]
             for name, x in r["variants"].items()]) + "\n")
+    if "u16" in parts and ckpt.is_dir():
+        r = res["u16"] = common.run_worker(__file__, "u16", {**base, "ours": str(ckpt)})
+        print(f"### bf16 forward, encoder program vs uint16 weight stacks (alternating calls): "
+              f"{r['ms']['encoder program']:.0f} ms vs {r['ms']['uint16 stacks']:.0f} ms, bitwise equal "
+              f"{r['bitwise_equal']}; 'f32[32,' in the compiled text: {r['f32_stack_converts']}; "
+              f"load {os.getloadavg()[0]:.2f}\n")
     if "gap" in parts and ckpt.is_dir():
         res["gap"] = {}
         for dtype in dtypes:
@@ -608,6 +685,6 @@ def main() -> None:
 
 if __name__ == "__main__" and not common.worker_main({
     "pieces": pieces_worker, "dots": dots_worker, "mlp_pad": mlp_pad_worker, "attn": attn_worker,
-    "flags": flags_worker, "gap": gap_worker, "stack": stack_worker,
+    "flags": flags_worker, "gap": gap_worker, "stack": stack_worker, "u16": u16_forward_worker,
 }):
     main()
