@@ -144,9 +144,32 @@ def machine_info() -> dict:
         "host": platform.node(),
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "cpu_flags": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+        "cpu_flags": sorted(flags & DOT_FLAGS),
+        "cpu_flags_all": sorted(flags),
+        "lscpu_model": lscpu().get("Model name", "?"),
         "python": platform.python_version(),
     }
+
+
+DOT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16",
+             "amx_tile", "amx_int8"}  # what decides which dot kernels XLA and oneDNN can use
+
+
+def lscpu() -> dict[str, str]:
+    """`lscpu`'s "key: value" lines ({} where lscpu is missing)."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines()) if v}
+
+
+def machine_line() -> str:
+    """One line for a table's caption: lscpu model, cores, the dot-relevant flags, uptime load."""
+    info = machine_info()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"CPU: {info['lscpu_model']} ({info['cpu']}), {info['cores']} cores, flags "
+            f"{' '.join(info['cpu_flags']) or '-'}; load average {load}")
 
 
 def default_out(name: str, quick: bool, ext: str = "json") -> pathlib.Path:
@@ -253,21 +276,55 @@ def forward_flops(cfg, grid_thw) -> float:
     return 2 * n * p * d + cfg.depth * block + attention + merger
 
 
-# ---- XLA matmul peak (run inside a JAX worker) ----------------------------------------------
+# ---- dot peaks (run inside a JAX or torch worker) --------------------------------------------
+PEAK_SHAPES = ((1536, 1280, 5120),)  # [M, K] x [K, N]: the 3B tower's MLP up dot on the 1536-row bucket
+PEAK_MODES = ("float32", "bf16_f32acc", "bf16_bf16")  # operands / result: f32/f32, bf16/f32, bf16/bf16
+
+
 def matmul_peak(payload: dict) -> dict:
-    """GFLOP/s of an [n, n] x [n, n] matmul under jit on JAX's default device, median of
-    `repeats`: float32 at HIGHEST precision, and bf16 operands with float32 accumulation."""
+    """XLA's dot GFLOP/s under jit on JAX's default device, median of `repeats`, for each
+    [M, K] x [K, N] in payload["shapes"] (default PEAK_SHAPES) and each mode: float32 at
+    HIGHEST precision ("float32"), bf16 operands with a float32 result via
+    preferred_element_type ("bf16_f32acc": what our bf16 mode asks for), bf16 operands and
+    result ("bf16_bf16"). Also the square [n, n] matmul of earlier runs (payload["n"]).
+    Top-level keys float32 / bf16_f32acc / bf16_bf16: the first shape's numbers."""
     import jax
     import jax.numpy as jnp
 
-    n, repeats = payload["n"], payload["repeats"]
-    out = {"n": n, "backend": jax.default_backend(), "device": str(jax.devices()[0])}
+    repeats = payload["repeats"]
+    shapes = [tuple(s) for s in payload.get("shapes", PEAK_SHAPES)]
+    if payload.get("n"):
+        shapes.append((payload["n"],) * 3)
+    out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "shapes": {}}
     hi, lo = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
-    for name, dtype, precision in (("float32", jnp.float32, hi), ("bf16_f32acc", jnp.bfloat16, lo)):
-        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
-        f = jax.jit(lambda x, y, p=precision: jnp.dot(x, y, precision=p, preferred_element_type=jnp.float32))
-        f(a, b).block_until_ready()
-        times = time_calls(lambda *xs: jax.block_until_ready(xs[0](*xs[1:])), repeats, f, a, b)
-        out[name] = 2 * n**3 / statistics.median(times) / 1e9
+    modes = {"float32": (jnp.float32, hi, jnp.float32), "bf16_f32acc": (jnp.bfloat16, lo, jnp.float32),
+             "bf16_bf16": (jnp.bfloat16, lo, jnp.bfloat16)}
+    for m, k, n in shapes:
+        res = out["shapes"][f"{m}x{k}x{n}"] = {}
+        for name, (dtype, precision, result) in modes.items():
+            a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
+            b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
+            f = jax.jit(lambda x, y, p=precision, r=result: jnp.dot(x, y, precision=p, preferred_element_type=r))
+            f(a, b).block_until_ready()
+            times = time_calls(lambda *xs: jax.block_until_ready(xs[0](*xs[1:])), repeats, f, a, b)
+            res[name] = 2 * m * k * n / statistics.median(times) / 1e9
+    out.update(out["shapes"][f"{shapes[0][0]}x{shapes[0][1]}x{shapes[0][2]}"])
+    return out
+
+
+def torch_matmul_peak(shapes=PEAK_SHAPES, repeats: int = 5) -> dict:
+    """torch's (oneDNN / MKL) GFLOP/s on the same shapes, float32 and bfloat16 (torch.mm,
+    bf16 result), median of `repeats`; call inside a torch worker."""
+    import torch
+
+    out = {}
+    for m, k, n in shapes:
+        res = out[f"{m}x{k}x{n}"] = {}
+        for name, dtype in (("float32", torch.float32), ("bf16_bf16", torch.bfloat16)):
+            g = torch.Generator().manual_seed(0)
+            a, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
+            with torch.no_grad():
+                torch.mm(a, b)
+                times = time_calls(torch.mm, repeats, a, b)
+            res[name] = 2 * m * k * n / statistics.median(times) / 1e9
     return out
