@@ -20,11 +20,10 @@ import shutil
 import tempfile
 import time
 
-import ml_dtypes
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, VisionConfig
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, VisionConfig, dtype_named
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
 from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
 
@@ -97,9 +96,7 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
     1 + 0.1 N(0, 1): the parity-test init of DESIGN.md, which keeps attention far from uniform.
     The key set comes from the converter's table (`convert.RULES`), one tensor per rule and block.
     """
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    out_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
     tensors = {}
     for rule in RULES:
