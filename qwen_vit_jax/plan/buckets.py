@@ -9,6 +9,7 @@ at frame boundaries into chunks that each fill a rung well (`split_grid`).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 
@@ -71,12 +72,12 @@ class BucketPolicy:
     def rungs(self, limit: int) -> list[int]:
         """All N_pad rungs up to (and including) the first one >= `limit`."""
         table = rung_table(self)
-        return table[: int(np.searchsorted(table, limit)) + 1].tolist()
+        return list(table[: bisect.bisect_left(table, limit) + 1])
 
     def rung(self, n: int) -> int:
         """Smallest rung >= n (n may exceed max_patches: one frame over budget gets its own rung)."""
         table = rung_table(self)
-        return int(table[table.searchsorted(n)])
+        return table[bisect.bisect_left(table, n)]
 
     def block_size(self, patches: int) -> int:
         """Rows per block of a `patches`-row bucket: patches // ceil(patches / block)."""
@@ -96,9 +97,10 @@ def _snap(r: int, block: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def rung_table(policy: BucketPolicy) -> np.ndarray:
-    """int64 [R] read-only: the ladder from min_patches until past 2 * MAX_PATCHES (every valid
-    grid has a rung)."""
+def rung_table(policy: BucketPolicy) -> tuple[int, ...]:
+    """The ladder from min_patches until past 2 * MAX_PATCHES (every valid grid has a rung), as
+    Python ints: `rung` bisects it on every uncached plan (~0.2 us; np.searchsorted ~1.5 us, ~10%
+    of an image's plan)."""
     p = policy.per_octave
     rungs = [_snap(policy.min_patches, policy.block)]
     k = 0
@@ -108,9 +110,7 @@ def rung_table(policy: BucketPolicy) -> np.ndarray:
             if v > rungs[-1]:
                 rungs.append(v)
         k += 1
-    table = np.array(rungs, np.int64)
-    table.flags.writeable = False
-    return table
+    return tuple(rungs)
 
 
 def coarse_ladder_value(n: int) -> int:
@@ -182,8 +182,9 @@ def split(g: np.ndarray, policy: BucketPolicy) -> Split:
     n_frames = int(g[:, 0].sum())
     rows, keys = np.empty((k + n_frames, 3), np.int64), np.empty((k + n_frames, 3), np.int64)
     starts, key_starts = np.empty(n_frames + 1, np.int64), np.empty(n_frames + 1, np.int64)
-    n_chunks = kernels.split_chunks(g, rung_table(policy), policy.max_patches, chunk_penalty(policy),
-                                    policy.min_patches, rows, starts, keys, key_starts)
+    rungs = np.array(rung_table(policy), np.int64)  # [R]
+    n_chunks = kernels.split_chunks(g, rungs, policy.max_patches, chunk_penalty(policy), policy.min_patches,
+                                    rows, starts, keys, key_starts)
     return Split(rows=rows, starts=starts[:n_chunks + 1].tolist(), keys=keys,
                  key_starts=key_starts[:n_chunks + 1].tolist())
 
