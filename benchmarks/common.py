@@ -210,7 +210,7 @@ def model_config(variant: str, quick: bool = False):
 
 
 def checkpoint(script: str, variant: str, quick: bool, seed: int = 0) -> dict[str, str]:
-    """HF checkpoint (random weights, tests/hf_utils.build_hf_model, save_pretrained) and our
+    """HF checkpoint (random weights, qwen_vit_jax.hf_reference.build_hf_model, save_pretrained) and our
     conversion of it, built once by a `build` worker of `script` and reused across runs:
     {"hf": dir, "ours": dir}. Delete CACHE (or set QVJ_BENCH_CACHE) to rebuild."""
     root = CACHE / f"{variant}{'-quick' if quick else ''}-seed{seed}"
@@ -226,10 +226,8 @@ def build_checkpoint(p: dict) -> dict:
     """Worker: write root/hf and root/ours, atomically (a half-built cache never counts)."""
     import shutil
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from hf_utils import build_hf_model
-
     import qwen_vit_jax as qvj
+    from qwen_vit_jax.hf_reference import build_hf_model
 
     root = pathlib.Path(p["root"])
     tmp = root.with_name(root.name + ".tmp")
@@ -241,39 +239,20 @@ def build_checkpoint(p: dict) -> dict:
 
 
 def random_pixels(grid_thw, patch_dim: int, seed: int = 0) -> np.ndarray:
-    """float32 [sum(t*h*w), patch_dim] standard normal rows (tests/hf_utils.random_pixels)."""
+    """float32 [sum(t*h*w), patch_dim] standard normal rows (as tests/hf_utils.random_pixels)."""
     n = int(np.prod(np.asarray(grid_thw), axis=1).sum())
     return np.random.default_rng(seed).standard_normal((n, patch_dim), dtype=np.float32)
 
 
 # ---- FLOPs --------------------------------------------------------------------------------
 def forward_flops(cfg, grid_thw) -> float:
-    """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add), D = width,
-    I = intermediate_size, P = patch_dim (1176), M = merge_unit (4), O = out_dim,
-    N = sum(t*h*w), L = depth:
+    """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add): the package's
+    `cost.ideal_flops` over the request's real frames and windows (see its docstring for the
+    formula). Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP."""
+    from qwen_vit_jax.cost import ideal_flops
+    from qwen_vit_jax.plan import segment_lengths
 
-      patch embed      2 N P D
-      per block (x L)  qkv 2 N D 3D + proj 2 N D^2 + MLP (2 matrices, Qwen2-VL; 3, Qwen2.5-VL) 2 N D I
-      attention        QK^T and PV: 4 D sum(S^2) over the block's real segments S: frames
-                       (h*w, per temporal slice) in full layers, HF's windows in window layers
-      merger           2 (N/M) (M D)^2 + 2 (N/M) (M D) O
-
-    Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP. Norms, rotary, softmax and activations
-    are left out (elementwise, < 1%)."""
-    from qwen_vit_jax.config import QWEN2_5_VL
-    from qwen_vit_jax.plan import window_index
-
-    g = np.asarray(grid_thw, np.int64)
-    d, i, p, m, o = cfg.width, cfg.intermediate_size, cfg.patch_dim, cfg.merge_unit, cfg.out_dim
-    n = float(np.prod(g, axis=1).sum())
-    frames = np.repeat(g[:, 1] * g[:, 2], g[:, 0]).astype(np.float64)
-    windows = np.diff(window_index(g, cfg)[1]).astype(np.float64) if cfg.windowed else frames[:0]
-    mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * n * d * i
-    block = 2 * n * d * 3 * d + 2 * n * d * d + mlp
-    full = sum(cfg.full_attention_layers)
-    attention = 4 * d * (full * (frames**2).sum() + (cfg.depth - full) * (windows**2).sum())
-    merger = 2 * (n / m) * (m * d) ** 2 + 2 * (n / m) * (m * d) * o
-    return 2 * n * p * d + cfg.depth * block + attention + merger
+    return ideal_flops(cfg, *segment_lengths(grid_thw, cfg))
 
 
 # ---- dot peaks (run inside a JAX or torch worker) --------------------------------------------

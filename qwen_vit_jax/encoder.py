@@ -19,8 +19,6 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from flax import nnx
 from PIL import Image
@@ -28,7 +26,7 @@ from PIL import Image
 from qwen_vit_jax import cost
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
-from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
@@ -208,8 +206,7 @@ class VisionEncoder:
                              f"sum(t*h*w) = {plans[0].request_patches}")
         if check_finite:
             check_finite_rows(px, grid_thw)
-        host_dtype = np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
-        return plans, [p.take(px, host_dtype) for p in plans]
+        return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
 
     def cost_report(self, grid_thw) -> dict:
         """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
@@ -261,7 +258,7 @@ class VisionEncoder:
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
     """Shapes of one bucket's inputs: (pixels, abstract plan)."""
-    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), jnp.float32 if dtype == "float32" else jnp.bfloat16)
+    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), dtype_named(dtype))
     return pixels, planlib.Plan.abstract(bucket)
 
 
