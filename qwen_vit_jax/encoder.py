@@ -12,6 +12,7 @@ is copied back before that fetch; the forward has no host callbacks.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -65,6 +66,12 @@ class VisionEncoder:
       device: where to run (default: jax.devices()[0]).
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
       max_batch_patches: encode_images packs images into calls of at most this many patches.
+      tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
+        rows rounded only as far as attention blocks need instead of up to the ladder's next rung
+        (BucketPolicy.tight): one more program for a size that recurs (a dataset resized to one
+        resolution, a video stream's chunks), no ladder padding after. None: the ladder only.
+      max_tight_buckets: at most this many tight buckets are compiled; later recurring grids stay on
+        the ladder (a stream of distinct sizes never recurs: its compile bound is the ladder's).
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
@@ -80,6 +87,8 @@ class VisionEncoder:
         device: jax.Device | None = None,
         preprocess: PreprocessConfig | None = None,
         max_batch_patches: int = 16384,
+        tight_after: int | None = 2,
+        max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
     ):
         if compilation_cache_dir is not None:
@@ -90,6 +99,12 @@ class VisionEncoder:
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches
+        if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
+            raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
+        self.tight_after, self.max_tight_buckets = tight_after, max_tight_buckets
+        self._seen: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # grid -> encodes, LRU
+        self._tight_buckets: set[planlib.Bucket] = set()
+        self._seen_lock = threading.Lock()
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         self._state = fill_state(abstract, params, self.num, self.device)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
@@ -141,7 +156,9 @@ class VisionEncoder:
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
-        return np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
+        out = np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
+        self._count(grid_thw)
+        return out
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
@@ -179,7 +196,7 @@ class VisionEncoder:
         """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
         buckets = []
         for g in grids:
-            for plan in planlib.make_plans(g, self.cfg, self.policy):
+            for plan in self._plans(g):
                 self._program(plan.bucket)
                 buckets.append(plan.bucket)
         return buckets
@@ -189,7 +206,7 @@ class VisionEncoder:
         """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
         (plans, [padded pixels per plan])."""
         cfg = self.cfg
-        plans = planlib.make_plans(grid_thw, cfg, self.policy)  # validates grid_thw
+        plans = self._plans(grid_thw)  # validates grid_thw
         px = np.asarray(pixel_values)
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, {cfg.patch_dim}], got shape {px.shape}")
@@ -208,15 +225,42 @@ class VisionEncoder:
             check_finite_rows(px, grid_thw)
         return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
 
-    def cost_report(self, grid_thw) -> dict:
-        """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
+    def _plans(self, grid_thw) -> list[planlib.Plan]:
+        """The plans the next encode of this grid uses: the ladder's, or tight buckets once the grid
+        has been encoded tight_after - 1 times before (while fewer than max_tight_buckets exist)."""
+        ladder = planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        if self.tight_after is None:
+            return ladder
+        with self._seen_lock:
+            seen = self._seen.get(_grid_key(grid_thw), 0)
+        if seen + 1 < self.tight_after:
+            return ladder
+        plans = planlib.make_plans(grid_thw, self.cfg, dataclasses.replace(self.policy, tight=True))
+        with self._seen_lock:
+            new = {p.bucket for p in plans} - self._tight_buckets
+            if len(self._tight_buckets) + len(new) > self.max_tight_buckets:
+                return ladder
+            self._tight_buckets |= new
+        return plans
 
-        Returns a dict with `buckets` (one per chunk the request is split into), `compiled_flops`
-        (XLA's cost analysis of those programs), `ideal_flops` (analytic: the same tower on the
-        real rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes`
-        (the compiled programs' largest temp allocation), `patches` and `padded_patches`.
+    def _count(self, grid_thw, capacity: int = 4096) -> None:
+        """One more encode of this grid (an LRU of the last `capacity` grids)."""
+        key = _grid_key(grid_thw)
+        with self._seen_lock:
+            self._seen[key] = self._seen.pop(key, 0) + 1
+            if len(self._seen) > capacity:
+                self._seen.popitem(last=False)
+
+    def cost_report(self, grid_thw) -> dict:
+        """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory.
+
+        Returns a dict with `buckets` (one per chunk the request is split into; tight ones for a
+        grid that recurs, see `tight_after`), `compiled_flops` (the matmuls of those programs as
+        they run: cost.dot_flops), `ideal_flops` (analytic: the same matmuls on the real rows only,
+        attention over the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled
+        programs' largest temp allocation), `patches` and `padded_patches`.
         """
-        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
+        plans = self._plans(grid_thw)  # the next encode's: tight buckets for a grid that recurs
         compiled = sum(self._compiled_flops(p.bucket) for p in plans)
         frames, windows = planlib.segment_lengths(np.concatenate([p.grid_thw for p in plans]), self.cfg)
         ideal = cost.ideal_flops(self.cfg, frames, windows)
@@ -254,6 +298,10 @@ class VisionEncoder:
 
     def _forward(self, state, pixels, plan):
         return nnx.merge(self._graphdef, state)(pixels, plan)
+
+
+def _grid_key(grid_thw) -> tuple:
+    return tuple(map(tuple, np.asarray(grid_thw).tolist()))
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:

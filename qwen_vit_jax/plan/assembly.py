@@ -84,7 +84,7 @@ POOL = BufferPool()
 
 def make_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
     """Validate `grid_thw` and return its (cached) `Plan`: ONE plan for the whole grid, never split
-    (N_pad = policy.rung(N) even above max_patches)."""
+    (N_pad = policy.padded_rows(N) even above max_patches)."""
     g = validate_grid(grid_thw, cfg)
     return _cached_plan(tuple(map(tuple, g.tolist())), cfg, policy or BucketPolicy())
 
@@ -131,7 +131,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     call (kernels.build_plan)."""
     g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
-    n_pad = policy.rung(n)
+    n_pad = policy.padded_rows(n)
     block = policy.block_size(n_pad)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches

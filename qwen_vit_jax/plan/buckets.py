@@ -47,12 +47,18 @@ class BucketPolicy:
     on purpose: every distinct rung is a compiled program, and the mean padding of a ratio-r ladder
     is only ~(r - 1) / 2. `max_patches` is the token budget of one program: `make_plans` splits
     larger requests at frame boundaries (`split_grid`).
+
+    `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
+    rung (`padded_rows`): for sizes that recur (the encoder switches a grid to it once the grid
+    repeats), where one more program pays for itself. The split into chunks still follows the
+    ladder.
     """
 
     block: int = 128
     per_octave: int = 2
     min_patches: int = 64
     max_patches: int = 16384
+    tight: bool = False
 
     def __post_init__(self):
         def is_int(v):
@@ -68,6 +74,8 @@ class BucketPolicy:
         if not is_int(self.max_patches) or self.max_patches < self.min_patches:
             raise ValueError(f"BucketPolicy.max_patches must be an int >= min_patches {self.min_patches}, "
                              f"got {self.max_patches!r}")
+        if not isinstance(self.tight, bool):
+            raise ValueError(f"BucketPolicy.tight must be a bool, got {self.tight!r}")
 
     def rungs(self, limit: int) -> list[int]:
         """All N_pad rungs up to (and including) the first one >= `limit`."""
@@ -78,6 +86,16 @@ class BucketPolicy:
         """Smallest rung >= n (n may exceed max_patches: one frame over budget gets its own rung)."""
         table = rung_table(self)
         return table[bisect.bisect_left(table, n)]
+
+    def padded_rows(self, n: int) -> int:
+        """N_pad of a chunk of n real rows: `rung(n)`, or with `tight` the least multiple of 4 * NB
+        rows >= n that NB = ceil(n / block) equal blocks of a multiple of 4 rows tile (e.g. 1296 ->
+        1320 = 11 blocks of 120 rows, where the ladder gives 1536). At most min_patches rows stay on
+        the ladder (its smallest rung keeps XLA's CPU dots bucket-invariant)."""
+        if not self.tight or n <= self.min_patches:
+            return self.rung(n)
+        nb = -(-n // self.block)
+        return nb * 4 * -(-n // (4 * nb))
 
     def block_size(self, patches: int) -> int:
         """Rows per block of a `patches`-row bucket: patches // ceil(patches / block)."""
