@@ -8,13 +8,18 @@ import dataclasses
 import numpy as np
 import torch
 
-from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN3_5, QWEN3_FAMILY, QWEN3_VL, VisionConfig
 
 TINY_TEXT = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
     vocab_size=128, bos_token_id=1, eos_token_id=2,
     rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
 )
+# Qwen3 text configs default head_dim to 128: pin it to hidden / heads so mrope_section (8) fits.
+TINY_TEXT_QWEN3 = dict(TINY_TEXT, head_dim=16)
+# Qwen3.5's text model is hybrid (Gated DeltaNet + attention): one full-attention layer keeps it tiny.
+TINY_TEXT_QWEN3_5 = dict(TINY_TEXT_QWEN3, layer_types=["full_attention"], linear_num_key_heads=1,
+                         linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8)
 
 
 def hf_vision_config(cfg: VisionConfig) -> dict:
@@ -24,6 +29,12 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
         temporal_patch_size=cfg.temporal_patch_size, spatial_merge_size=cfg.spatial_merge_size,
         hidden_act=cfg.hidden_act,
     )
+    if cfg.variant in QWEN3_FAMILY:
+        d = dict(common, hidden_size=cfg.width, intermediate_size=cfg.intermediate_size, out_hidden_size=cfg.out_dim,
+                 num_position_embeddings=cfg.num_position_embeddings)
+        if cfg.variant == QWEN3_VL:
+            d["deepstack_visual_indexes"] = list(cfg.deepstack_layers)
+        return d
     if cfg.variant == QWEN2_5_VL:
         return dict(
             common, hidden_size=cfg.width, intermediate_size=cfg.intermediate_size, out_hidden_size=cfg.out_dim,
@@ -56,13 +67,22 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
         Qwen2_5_VLForConditionalGeneration,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
     )
 
+    text = TINY_TEXT
     if cfg.variant == QWEN2_5_VL:
         conf, cls = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    elif cfg.variant == QWEN3_VL:
+        conf, cls, text = Qwen3VLConfig, Qwen3VLForConditionalGeneration, TINY_TEXT_QWEN3
+    elif cfg.variant == QWEN3_5:
+        conf, cls, text = Qwen3_5Config, Qwen3_5ForConditionalGeneration, TINY_TEXT_QWEN3_5
     else:
         conf, cls = Qwen2VLConfig, Qwen2VLForConditionalGeneration
-    hf_cfg = conf(text_config=dict(TINY_TEXT), vision_config=hf_vision_config(cfg))
+    hf_cfg = conf(text_config=dict(text), vision_config=hf_vision_config(cfg))
     torch.manual_seed(seed)
     model = cls(hf_cfg).eval()
     reinit_(model.model.visual, seed)
