@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -14,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
+from qwen_vit_jax import convert
 from qwen_vit_jax.config import (
     PRESETS,
     QWEN2_5_VL_3B,
     QWEN3_5,
     QWEN3_5_27B,
+    QWEN3_VL,
     QWEN3_VL_8B,
     VisionConfig,
 )
@@ -179,3 +182,137 @@ def test_pos_embed_reference_matches_hf_model(cfg):
     assert ours.dtype == np.float32 and ours.shape == ref.shape == (n, cfg.width)
     # 4-term float32 sums: HF's reduction order may differ from einsum's by an ulp
     np.testing.assert_allclose(ours, ref, rtol=0, atol=4 * np.finfo(np.float32).eps * np.abs(table).max())
+
+
+# ---- converter ---------------------------------------------------------------------------------------
+def expected_q3(sd: dict, cfg: VisionConfig, prefix: str) -> dict:
+    """Our params written out key by key from HF tensors (not through the converter's table)."""
+    def g(k):
+        return sd[prefix + k]
+
+    def stack(fmt, n, transpose=False):
+        rows = [g(fmt.format(i)) for i in range(n)]
+        return np.stack([w.T for w in rows] if transpose else rows)
+
+    L, K = cfg.depth, cfg.num_deepstack
+    ours = {
+        "patch_embed.kernel": g("patch_embed.proj.weight").reshape(cfg.width, -1).T,
+        "patch_embed.bias": g("patch_embed.proj.bias"),
+        "pos_embed.table": g("pos_embed.weight"),
+        "merger.norm.scale": g("merger.norm.weight"),
+        "merger.norm.bias": g("merger.norm.bias"),
+        "merger.fc1.kernel": g("merger.linear_fc1.weight").T,
+        "merger.fc1.bias": g("merger.linear_fc1.bias"),
+        "merger.fc2.kernel": g("merger.linear_fc2.weight").T,
+        "merger.fc2.bias": g("merger.linear_fc2.bias"),
+    }
+    for ours_name, hf_name, transpose in [
+        ("norm1.scale", "norm1.weight", False), ("norm1.bias", "norm1.bias", False),
+        ("norm2.scale", "norm2.weight", False), ("norm2.bias", "norm2.bias", False),
+        ("attn.qkv.kernel", "attn.qkv.weight", True), ("attn.qkv.bias", "attn.qkv.bias", False),
+        ("attn.proj.kernel", "attn.proj.weight", True), ("attn.proj.bias", "attn.proj.bias", False),
+        ("mlp.fc1.kernel", "mlp.linear_fc1.weight", True), ("mlp.fc1.bias", "mlp.linear_fc1.bias", False),
+        ("mlp.fc2.kernel", "mlp.linear_fc2.weight", True), ("mlp.fc2.bias", "mlp.linear_fc2.bias", False),
+    ]:
+        ours["blocks." + ours_name] = stack("blocks.{}." + hf_name, L, transpose)
+    if K:
+        for ours_name, hf_name, transpose in [
+            ("norm.scale", "norm.weight", False), ("norm.bias", "norm.bias", False),
+            ("fc1.kernel", "linear_fc1.weight", True), ("fc1.bias", "linear_fc1.bias", False),
+            ("fc2.kernel", "linear_fc2.weight", True), ("fc2.bias", "linear_fc2.bias", False),
+        ]:
+            ours["deepstack." + ours_name] = stack("deepstack_merger_list.{}." + hf_name, K, transpose)
+    return ours
+
+
+@pytest.fixture(scope="module", params=[TINY_Q3, TINY_Q35], ids=["qwen3_vl", "qwen3_5"])
+def q3_ckpt(request, tmp_path_factory):
+    from safetensors.torch import load_file
+
+    cfg = request.param
+    root = tmp_path_factory.mktemp(cfg.variant)
+    model = build_hf_model(cfg, seed=11)
+    model.save_pretrained(root / "f32")
+    model.save_pretrained(root / "sharded", max_shard_size="20KB")
+    model.to(torch.bfloat16).save_pretrained(root / "bf16")
+    sd32 = {k: v.numpy() for k, v in load_file(root / "f32" / "model.safetensors").items()}
+    sd16 = {k: v.view(torch.int16).numpy().view(np.uint16)
+            for k, v in load_file(root / "bf16" / "model.safetensors").items()}
+    return cfg, root, sd32, sd16
+
+
+def _prefix_of(sd):
+    (p,) = {k[: k.index("visual.") + len("visual.")] for k in sd if "visual." in k}
+    return p
+
+
+def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
+    cfg, root, sd32, sd16 = q3_ckpt
+    prefix = _prefix_of(sd32)
+    got_cfg, params = convert.read_hf_vision_params(root / "f32")
+    assert got_cfg == cfg
+    want = expected_q3(sd32, cfg, prefix)
+    shapes = convert.expected_param_shapes(cfg)
+    assert sorted(params) == sorted(want) == sorted(shapes)
+    n_vision = sum(1 for k in sd32 if k.startswith(prefix))
+    n_rows = sum(s[0] if k.startswith(("blocks.", "deepstack.")) else 1 for k, s in shapes.items())
+    assert n_vision == n_rows  # each HF vision tensor fills exactly one param row
+    for k, w in want.items():
+        assert params[k].shape == shapes[k] and params[k].dtype == np.float32, k
+        np.testing.assert_array_equal(params[k], w, err_msg=k)
+    D, M, O, N = cfg.width, 4 * cfg.width, cfg.out_dim, cfg.num_position_embeddings
+    assert shapes["patch_embed.kernel"] == (cfg.patch_dim, D) and shapes["pos_embed.table"] == (N, D)
+    if cfg.variant == QWEN3_VL:
+        assert shapes["deepstack.norm.scale"] == (2, M) and shapes["deepstack.fc2.kernel"] == (2, M, O)
+    else:
+        assert not any(k.startswith("deepstack.") for k in shapes)
+    # sharded: same params
+    _, sharded = convert.read_hf_vision_params(root / "sharded")
+    assert len(set(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())
+                   ["weight_map"].values())) > 2
+    for k in want:
+        np.testing.assert_array_equal(sharded[k], want[k], err_msg=k)
+    # bf16 kept bit for bit through convert_checkpoint -> load_converted
+    out = convert.convert_checkpoint(root / "bf16", tmp_path / "ours16")
+    cfg16, p16, meta = convert.load_converted(out)
+    assert cfg16 == cfg and meta["dtype"] == "bfloat16"
+    for k, w in expected_q3(sd16, cfg, prefix).items():
+        np.testing.assert_array_equal(np.asarray(p16[k]).view(np.uint16), w, err_msg=k)
+
+
+@pytest.mark.parametrize("prefix", ["visual.", "model.visual."])
+def test_convert_qwen3_hub_prefixes(q3_ckpt, tmp_path, prefix):
+    cfg, root, sd32, _ = q3_ckpt
+    old = _prefix_of(sd32)
+    d = tmp_path / "hub"
+    d.mkdir()
+    tensors = {(prefix + k[len(old):] if k.startswith(old) else k): v for k, v in sd32.items()}
+    convert.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+    shutil.copy(root / "f32" / "config.json", d / "config.json")
+    got_cfg, params = convert.read_hf_vision_params(d)
+    assert got_cfg == cfg
+    for k, w in expected_q3(sd32, cfg, old).items():
+        np.testing.assert_array_equal(params[k], w, err_msg=k)
+
+
+def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
+    cfg, root, sd32, _ = q3_ckpt
+    prefix = _prefix_of(sd32)
+
+    def variant(name, edit):
+        d = tmp_path / name
+        d.mkdir()
+        tensors = dict(sd32)
+        edit(tensors)
+        convert.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+        shutil.copy(root / "f32" / "config.json", d / "config.json")
+        return d
+
+    with pytest.raises(convert.CheckpointError, match="missing.*pos_embed.weight"):
+        convert.read_hf_vision_params(variant("no_pos", lambda t: t.pop(prefix + "pos_embed.weight")))
+    with pytest.raises(convert.CheckpointError, match="match no"):
+        convert.read_hf_vision_params(variant("extra", lambda t: t.update(
+            {prefix + "deepstack_merger_list.2.norm.weight": np.zeros(4 * cfg.width, np.float32)})))
+    with pytest.raises(convert.CheckpointError, match="shape"):
+        convert.read_hf_vision_params(variant("bad_shape", lambda t: t.update(
+            {prefix + "pos_embed.weight": np.zeros((35, cfg.width), np.float32)})))
