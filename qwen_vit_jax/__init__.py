@@ -7,6 +7,10 @@
     embs = enc.encode_images(images)              # one [tokens, out_dim] array per image
     pv, thw = qvj.preprocess_images(images)
 
+    model = qvj.load_model(out_dir)               # the nnx.Module, for your own jit / grad
+    for plan in qvj.make_plans(thw, model.cfg):   # one Plan (a pytree) per chunk
+        emb = plan.unpad(jax.jit(model)(plan.take(pv), plan))
+
 Names load on first use (PEP 562), so `import qwen_vit_jax` and the CLI's --help do not pay
 for importing jax, flax and numba.
 """
@@ -21,6 +25,11 @@ _EXPORTS = {
     "enable_compilation_cache": "encoder",
     "Bucket": "plan",
     "BucketPolicy": "plan",
+    "Plan": "plan",
+    "make_plans": "plan",
+    "to_spatial": "plan",
+    "VisionTransformer": "model",
+    "load_model": "model",
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
     "preprocess_video": "preprocess",

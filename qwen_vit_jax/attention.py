@@ -6,10 +6,13 @@ tables (qwen_vit_jax.plan). Neither ever builds an [N, N] mask:
 - window attention gathers windows into slots of `window_patches` (64) rows (small edge
   windows share a slot), attends densely inside each slot under a same-window mask and
   gathers the results back: cost ~ num_slots * 64 * 64 ~ sum(window_len * 64).
-- segment attention runs tiles from the plan: a query block of `block` rows restricted to a
-  run of its frames, against a window of `key_blocks` key blocks holding those frames, as
-  plain 2-D dots per (head, tile): cost ~ sum(frame_len^2) (plus block rounding), memory
-  linear in N.
+- segment attention runs tiles from the plan: a query block of `bucket.block` rows restricted
+  to a run of its frames, against a window of `bucket.key_blocks` key blocks holding those
+  frames, as plain 2-D dots per (head, tile): cost ~ sum(frame_len^2) (plus block rounding),
+  memory linear in N.
+
+Segments are isolated even from non-finite values: a NaN or Inf in one image never reaches
+another image's output (`_finite`).
 
 Softmax statistics are always float32. `Numerics.dtype` is the dtype of the matmul
 operands; products accumulate in float32 (preferred_element_type).
@@ -22,6 +25,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from qwen_vit_jax.plan import Plan
 
 # A finite "minus infinity": a fully masked row then gives exp(0) * 0 = 0, never NaN.
 NEG_INF = -1e30
@@ -75,139 +80,135 @@ def has_native_bf16(device: jax.Device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def window_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    window_tokens: jax.Array,
-    window_ids: jax.Array,
-    window_slot: jax.Array,
-    num: Numerics,
-) -> jax.Array:
+def numerics_for(dtype: str = "float32", device: jax.Device | None = None) -> Numerics:
+    """The Numerics for `dtype` on `device` (default jax.devices()[0]): native bf16 dots where the
+    device has them, full attention as 2-D dot loops on CPU."""
+    device = device or jax.devices()[0]
+    return Numerics(dtype, native_bf16=has_native_bf16(device), tile_loops=device.platform == "cpu")
+
+
+def _finite(v: jax.Array) -> jax.Array:
+    """v with non-finite entries zeroed, for the probability-times-value products.
+
+    A masked probability is exactly 0, but 0 * NaN = NaN: without this, a NaN or Inf row of one
+    image (or window) would reach every query whose dot product spans its key row, i.e. other
+    images of the same slot or key window. A row's own segment still sees its non-finite keys
+    through the scores (q.k is NaN there), so a bad image stays visibly bad; finite values pass
+    unchanged, so results are bitwise the same for clean inputs.
+    """
+    return jnp.where(jnp.isfinite(v), v, 0.0)
+
+
+def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics) -> jax.Array:
     """Attention inside windows, packed into slots of S rows (several small windows may share
     a slot; a row attends to the rows of its own window only).
 
     Args:
       q, k, v: [N, H, Dh] rows in original order (q, k already rotated).
-      window_tokens: [W, S] int32, the row held by each slot entry, -1 for an empty entry.
-      window_ids: [W, S] int32, the window each slot entry belongs to, -1 for an empty entry.
-      window_slot: [N] int32, the flat slot entry (w * S + j) holding each row.
+      plan: window_tokens [W, S] (the row held by each slot entry, -1 for an empty entry),
+        window_ids [W, S] (the window each slot entry belongs to, -1 for an empty entry),
+        window_slot [N] (the flat slot entry w * S + j holding each row).
     Returns:
       [N, H, Dh] float32. Rows in no window (padding) get an arbitrary finite value.
     """
+    window_tokens, window_ids = plan.window_tokens, plan.window_ids
     num_slots, slots = window_tokens.shape
     scale = q.shape[-1] ** -0.5
     rows = jnp.maximum(window_tokens, 0)
-    qw, kw, vw = q[rows] * scale, k[rows], v[rows]  # [W, S, H, Dh]
+    qw, kw, vw = q[rows] * scale, k[rows], _finite(v)[rows]  # [W, S, H, Dh]
     s = num.einsum("wqhd,wkhd->whqk", qw, kw)  # [W, H, S, S]
     same = (window_ids[:, :, None] == window_ids[:, None, :]) & (window_ids[:, None, :] >= 0)  # [W, S, S]
     s = jnp.where(same[:, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
     o = num.einsum("whqk,wkhd->wqhd", p, vw)  # [W, S, H, Dh]
     o = o.reshape(num_slots * slots, *o.shape[2:])  # [W*S, H, Dh]
-    return o[window_slot]  # [N, H, Dh]
+    return o[plan.window_slot]  # [N, H, Dh]
 
 
-def segment_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    segment_ids: jax.Array,
-    tiles: jax.Array,
-    block: int,
-    key_blocks: int,
-    num: Numerics,
-    *,
-    unroll: bool = False,
-) -> jax.Array:
-    """Attention within segments (frames) over tiles of query blocks.
+def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics) -> jax.Array:
+    """Attention within segments (frames) over the plan's tiles of query blocks.
 
     Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
-    blocks of `block` rows; a tile is one query block restricted to a run of consecutive frames
-    (rows of other frames get exactly zero from it) and needs only the contiguous key blocks of
-    those frames. Tiles 0..NB-1 are the blocks themselves (tile i: block i); extra tiles
-    NB..T-1 are further frame runs of blocks that straddle frames, added to their block's rows.
-    So a block straddling two long frames costs two tiles of about one frame's key blocks each,
-    not one tile over both frames.
+    blocks of B = plan.bucket.block rows; a tile is one query block restricted to a run of
+    consecutive frames (rows of other frames get exactly zero from it) and needs only the
+    contiguous key blocks of those frames. Tiles 0..NB-1 are the blocks themselves (tile i:
+    block i); extra tiles NB..T-1 are further frame runs of blocks that straddle frames, added to
+    their block's rows. So a block straddling two long frames costs two tiles of about one frame's
+    key blocks each, not one tile over both frames.
 
     Two schedules of the same attention:
     - `num.tile_loops` (CPU): loops over heads, then tiles; each tile attends to a window of
-      `key_blocks` consecutive key blocks holding its range (shifted left where the range ends
-      near the last block) with a plain softmax. Every matmul is a 2-D dot ([block, Dh] x
-      [Dh, window], [block, window] x [window, Dh]), which XLA's CPU backend runs 2-3x faster
-      than batched dots; the live scores are one tile's.
-    - otherwise (GPU / TPU, and XLA's cost analysis with `unroll`): all tiles and heads at once
-      as batched dots, one key block per step with an online softmax: the live scores are
-      [T, H, block, block], linear in N.
+      KB = plan.bucket.key_blocks consecutive key blocks holding its range (shifted left where the
+      range ends near the last block) with a plain softmax. Every matmul is a 2-D dot
+      ([B, Dh] x [Dh, KB * B], [B, KB * B] x [KB * B, Dh]), which XLA's CPU backend runs 2-3x
+      faster than batched dots; the live scores are one tile's.
+    - otherwise (GPU / TPU): all tiles and heads at once as batched dots, one key block per step
+      with an online softmax: the live scores are [T, H, B, B], linear in N.
 
     Args:
-      q, k, v: [N, H, Dh] (q, k already rotated); N = NB * block.
-      segment_ids: [N] int32 (-1 for padding rows).
-      tiles: [5, T] int32, T >= NB: query block, first frame, last frame, first key block,
-        number of key blocks of each tile (plan._group_tiles); an empty tile has count 0.
-      block: rows per block (static).
-      key_blocks: static, >= every tile's key-block count, <= NB.
-      unroll: the batched schedule with its key-block loop unrolled (XLA's cost analysis counts
-        a loop body once).
+      q, k, v: [N, H, Dh] (q, k already rotated); N = NB * B.
+      plan: segment_ids [N] (-1 for padding rows) and the tile table (tile_block, ...
+        tile_key_count, each [T]); see `Plan`.
     Returns:
       [N, H, Dh] float32. Padding rows get zeros.
     """
     n, h, dh = q.shape
-    nb = n // block
-    q, k, v, segment_ids, tiles = (jnp.asarray(a) for a in (q, k, v, segment_ids, tiles))
+    nb = n // plan.bucket.block
     qh = (q * dh**-0.5).transpose(1, 0, 2)  # [H, N, Dh]
-    kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, N, Dh]
-    if num.tile_loops and not unroll:
-        out = _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num)  # [H, T, Q, Dh]
-    else:
-        out = _tiles_batched(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll)
-    if tiles.shape[1] > nb:  # each row is in exactly one tile: adding the others' zeros is exact
-        out = out[:, :nb].at[:, tiles[0, nb:]].add(out[:, nb:])  # [H, NB, Q, Dh]
+    kh, vh = k.transpose(1, 0, 2), _finite(v).transpose(1, 0, 2)  # [H, N, Dh]
+    schedule = _tile_loops if num.tile_loops else _tiles_batched
+    out = schedule(qh, kh, vh, plan, num)  # [H, T, B, Dh]
+    if plan.bucket.tiles > nb:  # each row is in exactly one tile: adding the others' zeros is exact
+        out = out[:, :nb].at[:, plan.tile_block[nb:]].add(out[:, nb:])  # [H, NB, B, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(qh, kh, vh, segment_ids, tiles, block, key_blocks, num):
-    """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, Q, Dh]."""
+def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
+    """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, B, Dh]."""
+    block, key_blocks = plan.bucket.block, plan.bucket.key_blocks
     nb = qh.shape[1] // block
     window = key_blocks * block
-    t_block, t_first, t_last, kv_start, _ = tiles  # [T] each
-    w0 = jnp.minimum(kv_start, nb - key_blocks) * block  # [T] first key row of each tile's window
-    seg = segment_ids.reshape(nb, block)  # [NB, Q]
+    segment_ids = plan.segment_ids
+    w0 = jnp.minimum(plan.tile_key_start, nb - key_blocks) * block  # [T] first key row of each tile's window
+    seg = segment_ids.reshape(nb, block)  # [NB, B]
 
-    def tile(qx, kx, vx, t_blk, first, last, r0):  # one head: [N, Dh] each -> [Q, Dh]
-        sq = seg[t_blk]  # [Q]
+    def tile(qx, kx, vx, t_blk, first, last, r0):  # one head: [N, Dh] each -> [B, Dh]
+        sq = seg[t_blk]  # [B]
         sk = lax.dynamic_slice_in_dim(segment_ids, r0, window)  # [K]
-        mask = (sq[:, None] == sk[None, :]) & ((sq >= first) & (sq <= last))[:, None]  # [Q, K]
-        qt = lax.dynamic_slice_in_dim(qx, t_blk * block, block)  # [Q, Dh]
-        s = num.einsum("qd,kd->qk", qt, lax.dynamic_slice_in_dim(kx, r0, window))  # [Q, K]
+        mask = (sq[:, None] == sk[None, :]) & ((sq >= first) & (sq <= last))[:, None]  # [B, K]
+        qt = lax.dynamic_slice_in_dim(qx, t_blk * block, block)  # [B, Dh]
+        s = num.einsum("qd,kd->qk", qt, lax.dynamic_slice_in_dim(kx, r0, window))  # [B, K]
         s = jnp.where(mask, s, NEG_INF)
         p = jnp.where(mask, jnp.exp(s - s.max(axis=-1, keepdims=True)), 0.0)
-        o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [Q, Dh]
+        o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [B, Dh]
         return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
+    tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, w0)  # [T] each
+
     def head(qx, kx, vx):
-        return lax.map(lambda a: tile(qx, kx, vx, *a), (t_block, t_first, t_last, w0))  # [T, Q, Dh]
+        return lax.map(lambda a: tile(qx, kx, vx, *a), tiles)  # [T, B, Dh]
 
-    return lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, Q, Dh]
+    return lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, B, Dh]
 
 
-def _tiles_batched(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unroll):
-    """segment_attention's batched schedule. qh / kh / vh: [H, N, Dh] -> [H, T, Q, Dh]."""
+def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
+    """segment_attention's batched schedule. qh / kh / vh: [H, N, Dh] -> [H, T, B, Dh]."""
+    block = plan.bucket.block
     h, n, dh = qh.shape
     nb = n // block
-    t_block, t_first, t_last, kv_start, kv_count = tiles  # [T] each
-    qt = qh.reshape(h, nb, block, dh)[:, t_block]  # [H, T, Q, Dh]
-    kb, vb = kh.reshape(h, nb, block, dh), vh.reshape(h, nb, block, dh)  # [H, NB, K, Dh]
-    seg = segment_ids.reshape(nb, block)  # [NB, Q]
-    seg_q = seg[t_block]  # [T, Q]
-    in_tile = (seg_q >= t_first[:, None]) & (seg_q <= t_last[:, None])  # [T, Q]
+    t_block, kv_start, kv_count = plan.tile_block, plan.tile_key_start, plan.tile_key_count  # [T] each
+    qt = qh.reshape(h, nb, block, dh)[:, t_block]  # [H, T, B, Dh]
+    kb, vb = kh.reshape(h, nb, block, dh), vh.reshape(h, nb, block, dh)  # [H, NB, B, Dh]
+    seg = plan.segment_ids.reshape(nb, block)  # [NB, B]
+    seg_q = seg[t_block]  # [T, B]
+    in_tile = (seg_q >= plan.tile_first_frame[:, None]) & (seg_q <= plan.tile_last_frame[:, None])  # [T, B]
 
     def step(j, carry):
-        m, l, acc = carry  # [H, T, Q], [H, T, Q], [H, T, Q, Dh]
+        m, l, acc = carry  # [H, T, B], [H, T, B], [H, T, B, Dh]
         active = j < kv_count  # [T]
         kbi = jnp.where(active, kv_start + j, kv_start)  # [T]
-        s = num.einsum("htqd,htkd->htqk", qt, kb[:, kbi])  # [H, T, Q, K]
-        mask = (seg_q[:, :, None] == seg[kbi][:, None, :]) & (in_tile & active[:, None])[:, :, None]  # [T, Q, K]
+        s = num.einsum("htqd,htkd->htqk", qt, kb[:, kbi])  # [H, T, B, B]
+        mask = (seg_q[:, :, None] == seg[kbi][:, None, :]) & (in_tile & active[:, None])[:, :, None]  # [T, B, B]
         s = jnp.where(mask, s, NEG_INF)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
@@ -218,5 +219,5 @@ def _tiles_batched(qh, kh, vh, segment_ids, tiles, block, key_blocks, num, unrol
 
     shape = (h, t_block.shape[0], block)
     init = (jnp.full(shape, NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dh), jnp.float32))
-    _, l, acc = lax.fori_loop(0, key_blocks, step, init, unroll=unroll)
+    _, l, acc = lax.fori_loop(0, plan.bucket.key_blocks, step, init)
     return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile

@@ -1,15 +1,19 @@
-"""FLOP accounting: what the model needs (analytic) vs what a bucket's program computes (XLA).
+"""FLOP accounting: what the model needs (analytic) vs what a bucket's program computes.
 
 `ideal_flops` counts the matmuls of the tower on the real rows only, with attention over
 the real segments (frames, windows): what an exact, padding-free implementation must do.
-`compiled_flops` asks XLA's cost analysis about the program a bucket runs. XLA counts a
-loop body once, so the analysis runs on an unrolled copy of the same forward (one copy of
-every layer and of every key-block step); the arithmetic is identical to the scanned
-program that actually runs, elementwise work included.
+`dot_flops` counts the matmuls of the program that actually runs: every dot_general of the
+traced forward (the same jaxpr that is compiled), 2 FLOPs per multiply-add at its padded
+shapes, each loop body (scan: the layer loops, the attention tile loops) times its trip
+count. XLA's own cost analysis counts a loop body once, so it cannot be used on the scanned
+program; elementwise work is left out on both sides.
 """
 
 from __future__ import annotations
 
+import math
+
+import jax.extend.core as jax_core
 import numpy as np
 
 from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
@@ -33,3 +37,26 @@ def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
     attention = 4 * d * (full_layers * np.square(frames).sum()
                          + (cfg.depth - full_layers) * np.square(windows).sum())
     return float(n * per_row + n / cfg.merge_unit * merge + attention)
+
+
+def dot_flops(jaxpr) -> float:
+    """FLOPs (2 per multiply-add) of every dot_general in a (closed) jaxpr, loop bodies times
+    their trip counts (scan `length`; fori_loop with static bounds and lax.map are scans).
+    Nested calls (pjit, checkpoint, custom_jvp / custom_vjp) count once per call. A while loop
+    or a conditional has no static trip count: ValueError (the forward has neither)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # ClosedJaxpr -> Jaxpr
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            total += 2.0 * math.prod(out) * math.prod(lhs[d] for d in lhs_contract)
+        elif name in ("while", "cond"):
+            raise ValueError(f"dot_flops: a {name} has no static trip count")
+        else:
+            times = eqn.params["length"] if name == "scan" else 1
+            for sub in jax_core.jaxprs_in_params(eqn.params):
+                total += times * dot_flops(sub)
+    return total

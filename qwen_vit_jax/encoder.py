@@ -13,7 +13,6 @@ is copied back before that fetch; the forward has no host callbacks.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import pathlib
 import time
@@ -27,15 +26,10 @@ from PIL import Image
 
 from qwen_vit_jax import cost
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.attention import Numerics, has_native_bf16
+from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.model import abstract_model
+from qwen_vit_jax.model import abstract_model, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
-
-STATIC = ("key_blocks", "block")  # the bucket's static arguments of the forward
-PLAN_KEYS = (
-    "pos_ids", "segment_ids", "tiles", "window_tokens", "window_ids", "window_slot",
-)
 
 
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
@@ -93,13 +87,12 @@ class VisionEncoder:
             enable_compilation_cache(compilation_cache_dir)
         self.cfg = cfg
         self.device = device or jax.devices()[0]
-        self.num = Numerics(dtype, native_bf16=has_native_bf16(self.device),
-                            tile_loops=self.device.platform == "cpu")
+        self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
-        self._state = _fill_state(abstract, params, self.num, self.device)
+        self._state = fill_state(abstract, params, self.num, self.device)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
         self.compile_seconds: dict[planlib.Bucket, float] = {}
         self._flops: dict[planlib.Bucket, float] = {}
@@ -129,24 +122,25 @@ class VisionEncoder:
         return len(self._compiled)
 
     # ---- the public entry points ---------------------------------------------------------
-    def encode(self, pixel_values, grid_thw) -> np.ndarray:
+    def encode(self, pixel_values, grid_thw, *, check_finite: bool = True) -> np.ndarray:
         """Embed a batch of images / videos.
 
         Args:
           pixel_values: [N, patch_dim] float rows, N = sum(t * h * w), in HF's patch order.
           grid_thw: [k, 3] ints (t, h, w) per image or video.
+          check_finite: reject NaN / Inf in pixel_values with a ValueError naming the image and
+            its first bad row (one pass over the pixels). Without the check a non-finite image
+            still never affects the other images' rows: the tower isolates segments.
         Returns:
           float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output`, all inputs
           concatenated in order.
         """
-        plans, pixels = self._prepare(pixel_values, grid_thw)
+        plans, pixels = self._prepare(pixel_values, grid_thw, check_finite)
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
-        inputs = jax.device_put([(px, *p.device_arrays()) for p, px in zip(plans, pixels)], self.device)
-        outs = [self._program(p.bucket)(self._state, px, dict(zip(PLAN_KEYS, tables)))
-                for p, (px, *tables) in zip(plans, inputs)]
-        rows = [p.n_patches // self.cfg.merge_unit for p in plans]
-        return np.concatenate([np.asarray(o)[:r] for o, r in zip(outs, rows)])
+        inputs = jax.device_put(list(zip(pixels, plans)), self.device)
+        outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
+        return np.concatenate([p.unpad(np.asarray(o), self.cfg.merge_unit) for p, o in zip(plans, outs)])
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
@@ -190,8 +184,9 @@ class VisionEncoder:
         return buckets
 
     # ---- internals -----------------------------------------------------------------------
-    def _prepare(self, pixel_values, grid_thw) -> tuple[list[planlib.Plan], list[np.ndarray]]:
-        """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket."""
+    def _prepare(self, pixel_values, grid_thw, check_finite: bool = True):
+        """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
+        (plans, [padded pixels per plan])."""
         cfg = self.cfg
         plans = planlib.make_plans(grid_thw, cfg, self.policy)  # validates grid_thw
         px = np.asarray(pixel_values)
@@ -205,17 +200,13 @@ class VisionEncoder:
             )
         if not (np.issubdtype(px.dtype, np.floating) or np.issubdtype(px.dtype, np.integer)):
             raise ValueError(f"pixel_values must be numeric, got dtype {px.dtype}")
-        expected = sum(p.n_patches for p in plans)
-        if px.shape[0] != expected:
-            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {expected}")
+        if px.shape[0] != plans[0].request_patches:
+            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies "
+                             f"sum(t*h*w) = {plans[0].request_patches}")
+        if check_finite:
+            check_finite_rows(px, grid_thw)
         host_dtype = np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
-        padded, start = [], 0
-        for plan in plans:
-            chunk = np.zeros((plan.bucket.patches, cfg.patch_dim), host_dtype)  # [N_pad, P]
-            chunk[: plan.n_patches] = px[start : start + plan.n_patches]
-            padded.append(chunk)
-            start += plan.n_patches
-        return plans, padded
+        return plans, [p.take(px, host_dtype) for p in plans]
 
     def cost_report(self, grid_thw) -> dict:
         """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
@@ -242,64 +233,45 @@ class VisionEncoder:
 
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
         if bucket not in self._flops:
-            pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
-            forward = jax.jit(functools.partial(self._forward, unroll=True), static_argnames=STATIC)
-            lowered = forward.lower(self._state, pixels, tables, key_blocks=bucket.key_blocks, block=bucket.block)
-            self._flops[bucket] = float(lowered.cost_analysis()["flops"])
+            traced = jax.jit(self._forward).trace(self._state, *_input_specs(self.cfg, bucket, self.dtype))
+            self._flops[bucket] = cost.dot_flops(traced.jaxpr)
         return self._flops[bucket]
 
     def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
         program = self._compiled.get(bucket)
         if program is None:
             t0 = time.perf_counter()
-            pixels, tables = _input_specs(self.cfg, bucket, self.dtype)
-            program = (
-                jax.jit(self._forward, static_argnames=STATIC)
-                .lower(self._state, pixels, tables, key_blocks=bucket.key_blocks, block=bucket.block)
-                .compile()
-            )
+            specs = _input_specs(self.cfg, bucket, self.dtype)
+            program = jax.jit(self._forward).lower(self._state, *specs).compile()
             self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
         return program
 
-    def _forward(self, state, pixels, tables, *, key_blocks: int, block: int, unroll: bool = False):
-        model = nnx.merge(self._graphdef, state)
-        return model(pixels, tables, key_blocks=key_blocks, block=block, unroll=unroll)
+    def _forward(self, state, pixels, plan):
+        return nnx.merge(self._graphdef, state)(pixels, plan)
 
 
-def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str):
-    """Shapes of one bucket's inputs (what a Plan's device_arrays() holds)."""
-    n = bucket.patches
-    i32 = jnp.int32
-    tables = {
-        "pos_ids": jax.ShapeDtypeStruct((n, 2), i32),
-        "segment_ids": jax.ShapeDtypeStruct((n,), i32),
-        "tiles": jax.ShapeDtypeStruct((5, bucket.tiles), i32),
-        "window_tokens": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
-        "window_ids": jax.ShapeDtypeStruct((bucket.windows, cfg.window_patches), i32),
-        "window_slot": jax.ShapeDtypeStruct((n,), i32),
-    }
-    pixels = jax.ShapeDtypeStruct((n, cfg.patch_dim), jnp.float32 if dtype == "float32" else jnp.bfloat16)
-    return pixels, tables
+def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
+    """Shapes of one bucket's inputs: (pixels, abstract plan)."""
+    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), jnp.float32 if dtype == "float32" else jnp.bfloat16)
+    return pixels, planlib.Plan.abstract(bucket)
 
 
-def _fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numerics, device) -> nnx.State:
-    """Put `params` into the model's state: every parameter filled exactly once, shapes checked.
-    Matrices take the operand dtype; norm scales and biases stay float32."""
-    flat = nnx.to_flat_state(abstract)
-    expected = {".".join(map(str, path)): var for path, var in flat}
-    missing = sorted(set(expected) - set(params))
-    extra = sorted(set(params) - set(expected))
-    if missing or extra:
-        raise ValueError(f"parameters do not match the model: missing {missing}, unexpected {extra}")
-    values = []
-    for key, var in expected.items():
-        value = np.asarray(params[key])
-        if value.shape != var.shape:
-            raise ValueError(f"parameter {key}: shape {value.shape}, model expects {var.shape}")
-        is_matrix = key.endswith("kernel")
-        dtype = num.operand_dtype if is_matrix else jnp.float32
-        values.append(jax.device_put(value.astype(dtype), device))
-    filled = [(path, var.replace(v)) for (path, var), v in zip(flat, values)]
-    return nnx.from_flat_state(filled)
-
+def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
+    """Raise ValueError if pixel_values [N, P] holds a NaN or Inf, naming the image (its row in
+    grid_thw, validated) and its first bad row. One pass over the pixels when all is finite (a
+    sum: NaN / Inf propagate; a finite overflow only sends us to the exact search)."""
+    if not np.issubdtype(pixel_values.dtype, np.floating) or np.isfinite(pixel_values.sum(dtype=np.float64)):
+        return
+    bad = ~np.isfinite(pixel_values).all(axis=1)  # [N]
+    if not bad.any():
+        return
+    row = int(np.argmax(bad))
+    g = np.asarray(grid_thw, np.int64)
+    ends = np.cumsum(g[:, 0] * g[:, 1] * g[:, 2])  # [k] one past each image's last row
+    image = int(np.searchsorted(ends, row, side="right"))
+    first = row - (int(ends[image - 1]) if image else 0)
+    value = pixel_values[row][~np.isfinite(pixel_values[row])][0]
+    raise ValueError(f"pixel_values holds non-finite values: image {image} (grid_thw row {image} = "
+                     f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
+                     f"{int(bad.sum())} bad row(s) in all")

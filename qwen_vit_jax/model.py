@@ -19,13 +19,16 @@ operands are float32 (HIGHEST precision) or bfloat16 with float32 accumulation.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from qwen_vit_jax.attention import Numerics, segment_attention, window_attention
+from qwen_vit_jax.attention import Numerics, numerics_for, segment_attention, window_attention
 from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+from qwen_vit_jax.plan import Plan
 
 MIN_DOT_ROWS = 64  # see PatchMerger
 
@@ -127,18 +130,14 @@ class Attention(nnx.Module):
         self.qkv = Linear(cfg.width, 3 * cfg.width, num, rngs=rngs)
         self.proj = Linear(cfg.width, cfg.width, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, block: int, unroll: bool = False) -> jax.Array:
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, plan: Plan, *, full: bool) -> jax.Array:
         """x: [N, D]; full: True for per-frame (full) attention, False for window attention."""
         n, d = x.shape
-        qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3, H, Dh]
+        qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3D] -> [N, 3, H, Dh]
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-
-        if full:
-            o = segment_attention(q, k, v, plan["segment_ids"], plan["tiles"], block, key_blocks, self.num,
-                                  unroll=unroll)  # [N, H, Dh]
-        else:
-            o = window_attention(q, k, v, plan["window_tokens"], plan["window_ids"], plan["window_slot"], self.num)
+        attend = segment_attention if full else window_attention
+        o = attend(q, k, v, plan, self.num)  # [N, H, Dh]
         return self.proj(o.reshape(n, d))  # [N, H, Dh] -> [N, D]
 
 
@@ -176,9 +175,8 @@ class Block(nnx.Module):
         self.norm2 = Norm(cfg.width, cfg)
         self.mlp = (SwiGLU if cfg.variant == QWEN2_5_VL else MLP)(cfg, num, rngs=rngs)
 
-    def __call__(self, x, cos, sin, plan, *, full, key_blocks: int, block: int, unroll: bool = False):
-        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full, key_blocks=key_blocks, block=block,
-                          unroll=unroll)
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, plan: Plan, *, full: bool) -> jax.Array:
+        x = x + self.attn(self.norm1(x), cos, sin, plan, full=full)
         return x + self.mlp(self.norm2(x))
 
 
@@ -224,54 +222,62 @@ class VisionTransformer(nnx.Module):
         self.merger = PatchMerger(cfg, num, rngs=rngs)
 
     def __call__(
-        self, pixels: jax.Array, plan: dict[str, jax.Array], *, key_blocks: int, block: int,
-        unroll: bool = False,
-    ) -> jax.Array:
+        self, pixels: jax.Array, plan: Plan, *, hidden_states: bool = False, remat: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """Args:
-          pixels: [N, patch_dim], N a bucket size (rows >= the real count are padding).
-          plan: the device arrays of a qwen_vit_jax.plan.Plan (pos_ids [N, 2], segment_ids [N],
-            tiles [5, T], window_tokens / window_ids [W, S], window_slot [N]).
-          key_blocks, block: the bucket's static key blocks per attention tile and rows per block.
-          unroll: unroll the layer scan and the attention loop (same arithmetic, much larger
-            program): XLA's cost analysis counts a loop body once, so FLOP counts need this.
+          pixels: [N, patch_dim] with N = plan.bucket.patches (rows >= the real count are padding:
+            `plan.take(pixel_values)` builds this).
+          plan: the chunk's `Plan` (host arrays, device arrays or tracers: only its shapes and its
+            bucket are static).
+          hidden_states: also return the patch embeddings and the residual stream after every
+            block, rows in the original order (HF's output_hidden_states; Qwen2.5-VL's HF states
+            are window-permuted, these are not).
+          remat: recompute each block's activations in the backward pass (jax.checkpoint per
+            block): the same values and gradients with less memory for training.
         Returns:
-          [N / merge_unit, out_dim] float32, rows in the original order.
+          out: [N / merge_unit, out_dim] float32, rows in the original order;
+          with hidden_states, (out, hidden) with hidden [depth + 1, N, width] float32.
         """
         cfg = self.cfg
+        plan = jax.tree.map(jnp.asarray, plan)  # a closed-over host plan becomes constants
         x = self.patch_embed(pixels)  # [N, D] float32
-        cos, sin = rotary_cos_sin(plan["pos_ids"], cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
-
-        layers = cfg.full_attention_layers
+        cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
         graphdef, stacked = nnx.split(self.blocks)
 
-        def layer_at(x, i, full: bool):  # layer i (int or traced) of the stack, its kind known statically
+        def layer_at(x, i, full: bool):  # layer i (traced) of the stack, its kind known statically
             state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
-            return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full, key_blocks=key_blocks, block=block,
-                                              unroll=unroll)
+            return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full)
 
-        if unroll:  # one copy of every layer: only for XLA's cost analysis (cost.py)
-            for i, full in enumerate(layers):
+        if remat:
+            layer_at = jax.checkpoint(layer_at, static_argnums=(2,))
+
+        runs, groups = layer_schedule(cfg.full_attention_layers)
+        period = len(cfg.full_attention_layers) // groups
+
+        def run(x, start, full: bool, length: int):  # layers start .. start + length - 1, one kind
+            def step(x, i):
                 x = layer_at(x, i, full)
-            return self.merger(x)
+                return x, (x if hidden_states else None)
 
-        runs, groups = layer_schedule(layers)
-        period = len(layers) // groups
+            return jax.lax.scan(step, x, start + jnp.arange(length))  # ys: [length, N, D] or None
 
         def group(x, g):  # one period of the layer pattern: layers g * period ...
-            start = g * period
+            start, states = g * period, []
             for full, length in runs:
-                if length == 1:
-                    x = layer_at(x, start, full)
-                else:
-                    x = jax.lax.scan(lambda x, i, full=full: (layer_at(x, i, full), None), x,
-                                     start + jnp.arange(length))[0]
+                x, ys = run(x, start, full, length)
+                states.append(ys)
                 start = start + length
-            return x, None
+            return x, (jnp.concatenate(states) if hidden_states else None)  # [period, N, D]
 
         # Every loop indexes the stacked weights in place: one layer's slice at a time, never a
         # copy of a whole run (a sliced scan operand would be one).
-        x, _ = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D]
-        return self.merger(x)
+        x0 = x
+        x, states = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D], [groups, period, N, D]
+        out = self.merger(x)  # [N / merge_unit, out_dim]
+        if not hidden_states:
+            return out
+        states = states.reshape(cfg.depth, *x.shape)  # [groups, period, N, D] -> [depth, N, D]
+        return out, jnp.concatenate([x0[None], states])  # [depth + 1, N, D]
 
 
 def layer_schedule(layers: tuple[bool, ...]) -> tuple[list[tuple[bool, int]], int]:
@@ -297,3 +303,48 @@ def layer_schedule(layers: tuple[bool, ...]) -> tuple[list[tuple[bool, int]], in
 def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTransformer:
     """The model with shape-only parameters (no memory spent on random weights)."""
     return nnx.eval_shape(lambda: VisionTransformer(cfg, num, rngs=nnx.Rngs(0)))
+
+
+# ---- loading -----------------------------------------------------------------------------
+
+
+def load_model(path: str | os.PathLike, dtype: str = "float32", device: jax.Device | None = None) -> VisionTransformer:
+    """The tower of a directory written by `convert_checkpoint`, as an `nnx.Module` with `.cfg`.
+
+    dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
+    accumulation; norms, rotary, softmax and the residual stream stay float32). The numerics
+    follow `device` (default jax.devices()[0]): on CPU, full attention runs its tiles as 2-D dot
+    loops, and bf16 dots are native only with avx512_bf16 / AMX (`numerics_for`).
+    """
+    from qwen_vit_jax.convert import load_converted
+
+    num = numerics_for(dtype, device)
+    cfg, params, _ = load_converted(path)
+    return model_from_params(cfg, params, num, device)
+
+
+def model_from_params(cfg: VisionConfig, params: dict[str, np.ndarray], num: Numerics = Numerics(),
+                      device: jax.Device | None = None) -> VisionTransformer:
+    """A model holding `params` (flat keys as written by the converter, e.g. "blocks.attn.qkv.kernel"),
+    every parameter filled exactly once, shapes checked. Matrices take the operand dtype; norm
+    scales and biases stay float32."""
+    graphdef, abstract = nnx.split(abstract_model(cfg, num))
+    return nnx.merge(graphdef, fill_state(abstract, params, num, device or jax.devices()[0]))
+
+
+def fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numerics, device: jax.Device) -> nnx.State:
+    """`abstract` (the model's shape-only state) filled from `params`, on `device`."""
+    flat = nnx.to_flat_state(abstract)
+    expected = {".".join(map(str, path)): var for path, var in flat}
+    missing = sorted(set(expected) - set(params))
+    extra = sorted(set(params) - set(expected))
+    if missing or extra:
+        raise ValueError(f"parameters do not match the model: missing {missing}, unexpected {extra}")
+    values = []
+    for key, var in expected.items():
+        value = np.asarray(params[key])
+        if value.shape != var.shape:
+            raise ValueError(f"parameter {key}: shape {value.shape}, model expects {var.shape}")
+        dtype = num.operand_dtype if key.endswith("kernel") else jnp.float32
+        values.append(jax.device_put(value.astype(dtype), device))
+    return nnx.from_flat_state([(path, var.replace(v)) for (path, var), v in zip(flat, values)])

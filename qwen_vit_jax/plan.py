@@ -37,6 +37,7 @@ import functools
 import threading
 import weakref
 
+import jax
 import numba
 import numpy as np
 
@@ -618,6 +619,45 @@ def segment_lengths(grid_thw, cfg: VisionConfig) -> tuple[np.ndarray, np.ndarray
     return frames, np.diff(cu).astype(np.int64)
 
 
+def to_spatial(rows, grid_thw, cfg: VisionConfig) -> list:
+    """A request's rows as one [..., t, h, w, C] array per image or video.
+
+    Args:
+      rows: [..., R, C] NumPy or JAX array: patch rows (R = sum(t * h * w): hidden states) or merged
+        tokens (R = sum(t * h * w) / merge_unit: what `encode` returns), told apart by R; leading
+        axes (e.g. [depth + 1] of hidden states) are kept.
+      grid_thw: [k, 3] the request's grid.
+    Returns:
+      k arrays: [..., t, h, w, C] for patch rows, [..., t, h / m, w / m, C] for tokens
+      (m = spatial_merge_size), in raster order: element [.., f, y, x, :] is the patch (or 2x2
+      merged patch) at row y, column x of frame f. Within a frame, patch rows come in merge-unit
+      order (m x m patches of one merge unit consecutive, units in raster order over the merged
+      grid); this undoes it.
+    """
+    g = validate_grid(grid_thw, cfg)
+    m = cfg.spatial_merge_size
+    n = int((g[:, 0] * g[:, 1] * g[:, 2]).sum())
+    total = rows.shape[-2]
+    if total not in (n, n // (m * m)):
+        raise ValueError(f"to_spatial: rows has {total} rows; grid_thw has {n} patches "
+                         f"({n // (m * m)} merged tokens)")
+    merged = total != n or m == 1
+    lead, c = rows.shape[:-2], rows.shape[-1]
+    out, start = [], 0
+    for t, h, w in g.tolist():
+        if merged:
+            size = t * (h // m) * (w // m)
+            out.append(rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, c))
+        else:
+            size = t * h * w
+            x = rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, m, m, c)
+            k = len(lead)  # [.., t, hb, wb, i, j, C] -> [.., t, hb, i, wb, j, C] -> [.., t, h, w, C]
+            x = x.transpose(*range(k), k, k + 1, k + 3, k + 2, k + 4, k + 5)
+            out.append(x.reshape(*lead, t, h, w, c))
+        start += size
+    return out
+
+
 # ---- buckets ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Bucket:
@@ -628,6 +668,7 @@ class Bucket:
     key_blocks: int  # KB: key blocks each attention tile visits, 1 <= KB <= patches // block
     block: int  # rows per query / key block of full attention (a multiple of 4, divides patches)
     tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
+    window_rows: int = 0  # S: rows per window slot (cfg.window_patches; 0 without a window size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -792,47 +833,143 @@ def _split(g: np.ndarray, policy: BucketPolicy) -> tuple[np.ndarray, list[int], 
 # ---- the plan --------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
-    """Everything the device forward needs for one grid, padded to `bucket`. Arrays are read-only
-    (plans are shared through the cache). N = n_patches, N_pad = bucket.patches, B = bucket.block,
-    S = cfg.window_patches, W_pad = bucket.windows.
+    """One chunk of a request, planned for the device: the host-to-device contract of the forward.
+
+    A registered JAX pytree. Its leaves are the int32 index arrays below (and `span`); its static
+    metadata is the `bucket` alone, so a `jax.jit` taking a Plan compiles once per bucket, whatever
+    the grid; `jax.device_put(plan)` moves every array in one call; `Plan.abstract(bucket)` is the
+    shape-only plan of a bucket, for ahead-of-time compiles. Host arrays are read-only (plans are
+    shared through the cache). N = n_patches, N_pad = bucket.patches, B = bucket.block,
+    S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, KB = bucket.key_blocks.
+
+    Rows stay in the request's original order (frames contiguous, each run of merge_unit rows one
+    merge unit); rows N .. N_pad - 1 are padding.
 
     Window attention: slot w holds whole windows packed one after another (window_tokens[w] their
     rows, window_ids[w] their window ids); a row attends to the keys of its slot with the same
     window id (window_ids[q] == window_ids[k] != -1).
 
-    Full attention: tile t is query block tiles[0, t] restricted to frames tiles[1, t] ..
-    tiles[2, t], whose key blocks are tiles[3, t] .. tiles[3, t] + tiles[4, t] - 1 (at most
-    KB = bucket.key_blocks). Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest split
-    blocks that straddle frames (attention.segment_attention adds them back).
+    Full attention: tile t is query block tile_block[t] restricted to frames tile_first_frame[t] ..
+    tile_last_frame[t], whose keys lie in the tile_key_count[t] (<= KB) key blocks from
+    tile_key_start[t]. Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest are extra tiles
+    for blocks that straddle frames (attention.segment_attention adds them back). An empty tile has
+    first frame 0, last frame -1 and key count 0.
+
+    `grid_thw` (this chunk's grid) is host-only: a Plan rebuilt from its leaves (after
+    `jax.device_put`, or inside a traced function) has grid_thw None. `span` travels as a leaf, so
+    `n_patches`, `take` and `unpad` work on any concrete plan.
     """
 
-    grid_thw: np.ndarray  # int64 [k, 3]
-    n_patches: int
     bucket: Bucket
     pos_ids: np.ndarray  # int32 [N_pad, 2] rotary (h, w) ids; padding rows 0
     segment_ids: np.ndarray  # int32 [N_pad] frame index, -1 for padding rows
-    tiles: np.ndarray  # int32 [5, T] full-attention tiles: query block, first frame, last frame,
-    #                    first key block, key blocks (0..KB); see _group_tiles
     window_tokens: np.ndarray  # int32 [W_pad, S] row at each slot entry, -1 = empty
     window_ids: np.ndarray  # int32 [W_pad, S] window (0..W-1, HF order) at each slot entry, -1 = empty
     window_slot: np.ndarray  # int32 [N_pad] flat slot entry (w * S + j) of each real row; padding 0
+    tile_block: np.ndarray  # int32 [T] query block of each full-attention tile
+    tile_first_frame: np.ndarray  # int32 [T] first frame of the tile's run of frames
+    tile_last_frame: np.ndarray  # int32 [T] last frame of the run (-1: empty tile)
+    tile_key_start: np.ndarray  # int32 [T] first key block of the tile's frames
+    tile_key_count: np.ndarray  # int32 [T] key blocks of the tile's frames (0..KB)
+    span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
+    grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
 
-    def device_arrays(self) -> tuple[np.ndarray, ...]:
-        """(pos_ids, segment_ids, tiles, window_tokens, window_ids, window_slot)."""
-        return (self.pos_ids, self.segment_ids, self.tiles,
-                self.window_tokens, self.window_ids, self.window_slot)
+    ARRAYS = ("pos_ids", "segment_ids", "window_tokens", "window_ids", "window_slot", "tile_block",
+              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span")
+
+    @classmethod
+    def abstract(cls, bucket: Bucket) -> Plan:
+        """The plan of `bucket` as shape/dtype structs (what `jax.jit(...).lower` takes)."""
+        n, t, w, s = bucket.patches, bucket.tiles, bucket.windows, bucket.window_rows
+        shapes = dict(pos_ids=(n, 2), segment_ids=(n,), window_tokens=(w, s), window_ids=(w, s), window_slot=(n,),
+                      tile_block=(t,), tile_first_frame=(t,), tile_last_frame=(t,), tile_key_start=(t,),
+                      tile_key_count=(t,), span=(3,))
+        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.int32) for k, v in shapes.items()})
+
+    @property
+    def offset(self) -> int:
+        """This chunk's first row in the request's pixel_values."""
+        return self._span(0)
+
+    @property
+    def n_patches(self) -> int:
+        """Real rows (patches) of this chunk."""
+        return self._span(1)
+
+    @property
+    def request_patches(self) -> int:
+        """Rows of the whole request this chunk was planned from."""
+        return self._span(2)
+
+    def _span(self, i: int) -> int:
+        try:
+            return int(self.span[i])
+        except Exception as e:  # a traced plan: jax.errors.ConcretizationTypeError and kin
+            raise TypeError("this Plan is traced (it was passed into a jitted function): row counts and "
+                            "unpad/take need a concrete plan; close over the plan instead of passing it "
+                            "as an argument, or call unpad outside the function") from e
+
+    def take(self, pixel_values, dtype=None) -> np.ndarray:
+        """This chunk's rows of the request's pixel_values, zero-padded to the bucket.
+
+        Args:
+          pixel_values: [request_patches, patch_dim] the whole request's rows (HF patch order).
+          dtype: of the result (default: pixel_values' dtype if floating, else float32).
+        Returns:
+          np.ndarray [bucket.patches, patch_dim]: rows offset .. offset + n_patches, then zeros.
+        """
+        px = np.asarray(pixel_values)
+        if px.ndim != 2:
+            raise ValueError(f"pixel_values must be 2-D [N, patch_dim], got shape {px.shape}")
+        if px.shape[0] != self.request_patches:
+            raise ValueError(f"pixel_values has {px.shape[0]} rows but the plan's request has "
+                             f"sum(t*h*w) = {self.request_patches}")
+        if dtype is None:
+            dtype = px.dtype if np.issubdtype(px.dtype, np.floating) else np.float32
+        out = np.zeros((self.bucket.patches, px.shape[1]), dtype)  # [N_pad, P]
+        a, n = self.offset, self.n_patches
+        out[:n] = px[a:a + n]
+        return out
+
+    def unpad(self, y, merge_unit: int = 4):
+        """The real rows of a forward output: y[..., :rows, :] where y has the bucket's merged rows
+        (bucket.patches // merge_unit: tokens) or its patch rows (bucket.patches: hidden states).
+        NumPy or JAX arrays; inside a traced function only for a plan it closes over."""
+        rows = y.shape[-2]
+        if rows == self.bucket.patches:
+            return y[..., :self.n_patches, :]
+        if rows * merge_unit == self.bucket.patches:
+            return y[..., :self.n_patches // merge_unit, :]
+        raise ValueError(f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
+                         f"{self.bucket.patches} patch rows ({self.bucket.patches // merge_unit} merged rows "
+                         f"for merge_unit {merge_unit})")
+
+    def _flatten_with_keys(self):
+        return [(jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self.ARRAYS], self.bucket
+
+    @classmethod
+    def _unflatten(cls, bucket, leaves):
+        return cls(bucket, *leaves)
 
 
-def make_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy()) -> Plan:
+jax.tree_util.register_pytree_with_keys(Plan, Plan._flatten_with_keys, Plan._unflatten)
+
+
+def make_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
     """Validate `grid_thw` and return its (cached) `Plan`: ONE plan for the whole grid, never split
     (N_pad = policy.rung(N) even above max_patches)."""
     g = validate_grid(grid_thw, cfg)
-    return _make_plan(g.tobytes(), g.shape[0], cfg, policy)
+    return _make_plan(g.tobytes(), g.shape[0], cfg, policy or BucketPolicy())
 
 
-def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy()) -> list[Plan]:
-    """Validate `grid_thw` and return one (cached) `Plan` per chunk of `split_grid`, in order; each
-    plan's grid_thw is its chunk's grid."""
+def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> list[Plan]:
+    """Validate `grid_thw` and return one (cached) `Plan` per chunk of `split_grid`, in order.
+
+    One plan for any request that fits the policy's largest bucket (max_patches); a larger one is
+    cut at frame boundaries. Each plan's grid_thw is its chunk's grid and its span says which rows
+    of the request's pixel_values it takes (`Plan.take`).
+    """
+    policy = policy or BucketPolicy()
     g = validate_grid(grid_thw, cfg)
     if g.shape[0] == 1 and g[0, 0] == 1:  # one frame (an image): one chunk, nothing to split
         return [_make_plan(g.tobytes(), 1, cfg, policy)]
@@ -843,20 +980,31 @@ def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy(
 def _make_plans(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolicy) -> tuple[Plan, ...]:
     """One plan per chunk. Chunks with the same frames share one plan's arrays: the plan is cached
     under the chunk's merged rows, so the chunks of a long video ([[10, h, w], [2, h, w]],
-    [[8, h, w], [4, h, w]], ...) build one plan and differ only in grid_thw."""
+    [[8, h, w], [4, h, w]], ...) build one plan and differ only in grid_thw and span."""
     g = _grid(grid_bytes, k)
+    total = int((g[:, 0] * g[:, 1] * g[:, 2]).sum())
     rows, starts, keys, key_starts = _split(g, policy)
     key_bytes, row = keys.tobytes(), 3 * keys.itemsize  # a key is a slice of it: no per-chunk array
-    plans = []
+    plans, offset = [], 0
     for c in range(len(starts) - 1):
         k0, k1 = key_starts[c], key_starts[c + 1]
         plan = _make_plan(key_bytes[row * k0:row * k1], k1 - k0, cfg, policy)
+        n = plan.n_patches
         if k1 - k0 != starts[c + 1] - starts[c]:  # rows were merged: the chunk's own grid
             grid = rows[starts[c]:starts[c + 1]].copy()
             grid.setflags(write=False)
             plan = dataclasses.replace(plan, grid_thw=grid)
+        if n != total:  # one chunk of several: its own rows of the request
+            plan = dataclasses.replace(plan, span=_span(offset, n, total))
         plans.append(plan)
+        offset += n
     return tuple(plans)
+
+
+def _span(offset: int, n: int, total: int) -> np.ndarray:
+    span = np.array([offset, n, total], np.int32)
+    span.setflags(write=False)
+    return span
 
 
 @functools.lru_cache(maxsize=_PLAN_CACHE_SIZE)
@@ -879,10 +1027,10 @@ def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolic
     buf.setflags(write=False)  # before slicing: the views inherit it
     g.setflags(write=False)
     pos, seg, slot, tiles, tokens, ids = _plan_views(buf, n_pad, n_tiles, w_pad, s)
-    bucket = Bucket(n_pad, w_pad, kb, b, n_tiles)
-    return Plan(grid_thw=g, n_patches=n, bucket=bucket, pos_ids=pos, segment_ids=seg,
-                tiles=tiles, window_tokens=tokens,
-                window_ids=ids, window_slot=slot)
+    bucket = Bucket(n_pad, w_pad, kb, b, n_tiles, s)
+    return Plan(bucket=bucket, pos_ids=pos, segment_ids=seg, window_tokens=tokens, window_ids=ids,
+                window_slot=slot, tile_block=tiles[0], tile_first_frame=tiles[1], tile_last_frame=tiles[2],
+                tile_key_start=tiles[3], tile_key_count=tiles[4], span=_span(0, n, n), grid_thw=g)
 
 
 def _plan_views(buf: np.ndarray, n_pad: int, n_tiles: int, w_pad: int, s: int) -> tuple[np.ndarray, ...]:

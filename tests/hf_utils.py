@@ -107,7 +107,7 @@ def tiny(variant_cfg: VisionConfig, **kw) -> VisionConfig:
 
 
 def assert_fp32_close(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """DESIGN.md float32 bar: relative Frobenius <= 1e-5 and max abs <= 1e-4 * max|ref|."""
+    """docs/numerics.md float32 bar: relative Frobenius <= 1e-5 and max abs <= 1e-4 * max|ref|."""
     assert ours.shape == ref.shape, (ours.shape, ref.shape)
     assert np.isfinite(ours).all()
     rel = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
@@ -118,7 +118,7 @@ def assert_fp32_close(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def assert_bf16_close(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """DESIGN.md bfloat16 bar: per-token cosine >= 0.999 and relative error <= 2e-2."""
+    """docs/numerics.md bfloat16 bar: per-token cosine >= 0.999 and relative error <= 2e-2."""
     assert ours.shape == ref.shape
     cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
     rel = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))

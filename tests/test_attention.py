@@ -21,6 +21,16 @@ def dense_reference(q, k, v, same):
     return np.einsum("hqk,khd->qhd", p, v)
 
 
+def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=None, slot=None) -> planlib.Plan:
+    """A Plan holding the given tables (the rest empty): what the attention functions read."""
+    seg = np.full(n, -1, np.int32) if seg is None else seg
+    tiles = np.zeros((5, n // block), np.int32) if tiles is None else tiles
+    tokens = np.zeros((0, 0), np.int32) if tokens is None else tokens
+    bucket = planlib.Bucket(n, tokens.shape[0], key_blocks, block, tiles.shape[1], tokens.shape[1])
+    return planlib.Plan(bucket, np.zeros((n, 2), np.int32), seg, tokens, tokens if ids is None else ids,
+                        np.zeros(n, np.int32) if slot is None else slot, *tiles, np.array([0, n, n], np.int32))
+
+
 def tile_table(lengths, n, block, key_blocks, spare):
     """The plan's tiles (plan._group_tiles) for frames of `lengths` rows in n rows, with key
     ranges of at most `key_blocks` blocks and `spare` unused tiles at the end."""
@@ -48,16 +58,17 @@ def test_segment_attention_matches_dense(seed, block):
     q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for _ in range(3))
     ref = dense_reference(q, k, v, seg[:, None] == seg[None, :])
     widest = int(max(-(-(x + block - 1) // block) for x in lengths))  # >= any frame's block span
-    attend = jax.jit(segment_attention, static_argnums=(5, 6, 7))
+    attend = jax.jit(segment_attention, static_argnums=4)
     for key_blocks, spare in [(n // block, 0), (widest, 0), (widest, 3), (widest + 1, 1)]:
         tiles, extra = tile_table(lengths, n, block, key_blocks, spare)
         if key_blocks == n // block:
             assert extra == 0
         for window in {key_blocks, min(key_blocks + 2, n // block)}:  # a wider window changes nothing
-            out = np.asarray(attend(q, k, v, seg, tiles, block, window, Numerics("float32", tile_loops=True)))
+            plan = attention_plan(n, block, window, seg, tiles)
+            out = np.asarray(attend(q, k, v, plan, Numerics("float32", tile_loops=True)))
             np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
             assert np.isfinite(out).all() and not out[n_real:].any()  # padding rows: zeros
-        batched = segment_attention(q, k, v, seg, tiles, block, key_blocks, Numerics("float32"))  # GPU / TPU
+        batched = attend(q, k, v, attention_plan(n, block, key_blocks, seg, tiles), Numerics("float32"))  # GPU / TPU
         np.testing.assert_allclose(np.asarray(batched), out, rtol=1e-5, atol=1e-6)
 
 
@@ -92,7 +103,8 @@ def test_window_attention_matches_dense(seed):
     same = (window_of[:, None] == window_of[None, :]) & (window_of[:, None] >= 0)
     np.fill_diagonal(same, True)
     ref = dense_reference(q, k, v, same)
-    out = np.asarray(jax.jit(window_attention, static_argnums=6)(q, k, v, tokens, ids, slot, Numerics("float32")))
+    plan = attention_plan(n, 4, 1, tokens=tokens, ids=ids, slot=slot)
+    out = np.asarray(jax.jit(window_attention, static_argnums=4)(q, k, v, plan, Numerics("float32")))
     np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
     assert np.isfinite(out).all()
 

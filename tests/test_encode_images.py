@@ -1,7 +1,7 @@
 """encode_images / encode_video: preprocessing + batching around VisionEncoder.encode.
 
 An image's embedding must not depend on what it was batched with or which bucket it landed in
-(float32: within 1e-6 relative, DESIGN.md "Static shapes and buckets")."""
+(float32: within 1e-6 relative, docs/numerics.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 VisionEncoder.encode, compared with HF's `visual(...).pooler_output`.
 
 Every HF parameter is re-initialised (norm weights != 1, biases != 0), so a dropped bias or
-norm fails. Tolerances are DESIGN.md's and are never loosened here.
+norm fails. Tolerances are those of docs/numerics.md and are never loosened here.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import time
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -16,6 +17,7 @@ from qwen_vit_jax import plan as plan_module
 from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.plan import (
     BucketPolicy,
+    Plan,
     chunk_penalty,
     coarse_ladder_value,
     frame_cu_seqlens,
@@ -54,6 +56,13 @@ grids_st = st.lists(
 )
 
 
+def tile_table(plan: Plan) -> np.ndarray:
+    """int32 [5, T]: the plan's tile fields stacked (block, first frame, last frame, first key
+    block, key block count)."""
+    return np.stack([plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start,
+                     plan.tile_key_count])
+
+
 def hf_reference(grid, cfg):
     g = torch.tensor(grid)
     wi, cu = hf.get_vision_window_index(g, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
@@ -82,10 +91,13 @@ def check_plan(plan, grid, cfg, policy):
     assert n_pad == policy.rung(n) and n_pad >= n and n_pad in policy.rungs(n)
     assert b == policy.block_size(n_pad) and n_pad % b == 0 and b % 4 == 0 and nb == -(-n_pad // policy.block)
     np.testing.assert_array_equal(plan.grid_thw, np.asarray(grid))
-    arrays = plan.device_arrays()
-    s = cfg.window_patches
-    w_shape = (bk.windows, s)
-    assert [a.shape for a in arrays] == [(n_pad, 2), (n_pad,), (5, bk.tiles), w_shape, w_shape, (n_pad,)]
+    arrays = jax.tree.leaves(plan)
+    assert [type(a) for a in arrays] == [np.ndarray] * len(Plan.ARRAYS)
+    abstract = Plan.abstract(bk)
+    assert jax.tree.structure(abstract) == jax.tree.structure(plan)
+    assert [a.shape for a in arrays] == [a.shape for a in jax.tree.leaves(abstract)]
+    assert bk.window_rows == cfg.window_patches and plan.window_tokens.shape == (bk.windows, cfg.window_patches)
+    assert plan.tile_block.shape == (bk.tiles,)
     assert all(a.dtype == np.int32 and not a.flags.writeable for a in arrays)
     assert not plan.grid_thw.flags.writeable
 
@@ -94,7 +106,7 @@ def check_plan(plan, grid, cfg, policy):
     frames = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
     np.testing.assert_array_equal(plan.segment_ids, np.concatenate([frames, np.full(n_pad - n, -1)]))
 
-    check_tiles(plan.tiles, cu, n, b, nb, bk)
+    check_tiles(tile_table(plan), cu, n, b, nb, bk)
 
     tok, ids, slot = plan.window_tokens, plan.window_ids, plan.window_slot
     if not cfg.windowed:
@@ -266,7 +278,7 @@ def test_window_packing_examples():
 def test_padding_tail_does_not_inflate_key_blocks():
     plan = make_plan([[1, 34, 34]], QWEN2_5_VL_3B)  # N = 1156 -> N_pad = 1536: two pure-padding blocks
     assert plan.bucket.patches == 1536 and plan.bucket.block == 128 and plan.bucket.tiles == 12
-    block, first, last, start, count = plan.tiles
+    block, first, last, start, count = tile_table(plan)
     assert start[-2:].tolist() == [10, 11] and count[-2:].tolist() == [0, 0] and (first > last)[-2:].all()
     assert count[:10].tolist() == [10] * 10
     assert plan.bucket.key_blocks == 12  # coarse 12, == N_pad // block
@@ -277,7 +289,7 @@ def test_multi_frame_tiles():
     # the 8 blocks straddling two frames (frame 8 starts at row 10368 = 81 * 128) get one tile per
     # frame: 8 extra tiles, 11 key blocks each (KB = coarse(11) = 12).
     plan = make_plan([[10, 36, 36]], QWEN2_5_VL_3B)
-    block, first, last, start, count = plan.tiles
+    block, first, last, start, count = tile_table(plan)
     straddling = [i for i in range(102) if (i * 128) // 1296 != min(i * 128 + 127, 12959) // 1296]
     assert len(straddling) == 8
     assert plan.bucket.patches == 16384 and plan.bucket.key_blocks == 12 and plan.bucket.tiles == 128 + 8
@@ -381,7 +393,7 @@ def test_plans_in_recycled_buffers(monkeypatch):
             np.frombuffer(block, np.int32)[:] = -7
     again = build(pool)
     assert any(np.shares_memory(again.pos_ids, np.frombuffer(block, np.int32)) for block, _ in pool._blocks)
-    for x, y in zip(again.device_arrays(), fresh.device_arrays()):
+    for x, y in zip(jax.tree.leaves(again), jax.tree.leaves(fresh)):
         np.testing.assert_array_equal(x, y)
     assert again.bucket == fresh.bucket
     plan_module._make_plan.cache_clear()
@@ -594,8 +606,8 @@ def test_make_plans_matches_make_plan(name, cfg):
         ref = make_plan(chunk, cfg)
         np.testing.assert_array_equal(plan.grid_thw, chunk)
         assert plan.bucket == ref.bucket and plan.n_patches == ref.n_patches
-        for a, b in zip(plan.device_arrays(), ref.device_arrays()):
-            np.testing.assert_array_equal(a, b)
+        for key in Plan.ARRAYS[:-1]:  # all but span: the chunk's rows in the request
+            np.testing.assert_array_equal(getattr(plan, key), getattr(ref, key))
     if name == "ten_jittered":
         for plan, chunk in zip(plans, chunks):
             check_plan(plan, chunk.tolist(), cfg, BucketPolicy())
