@@ -41,11 +41,15 @@ import jax
 import numba
 import numpy as np
 
+from . import posembed
 from .config import VisionConfig
 
 _MAX_PATCHES = 2**30  # keeps every padded row index comfortably inside int32
 _PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
 _EMPTY = np.empty(0, np.int32)
+_NO_POS_INDEX, _NO_POS_WEIGHT = np.zeros((0, 4), np.int32), np.zeros((0, 4), np.float32)  # towers without a table
+_NO_POS_INDEX.setflags(write=False)
+_NO_POS_WEIGHT.setflags(write=False)
 
 
 class _BufferPool:
@@ -669,6 +673,7 @@ class Bucket:
     block: int  # rows per query / key block of full attention (a multiple of 4, divides patches)
     tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
     window_rows: int = 0  # S: rows per window slot (cfg.window_patches; 0 without a window size)
+    pos_embed_rows: int = 0  # rows of the position-table plan: `patches` with a learned table (Qwen3), else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -835,11 +840,12 @@ def _split(g: np.ndarray, policy: BucketPolicy) -> tuple[np.ndarray, list[int], 
 class Plan:
     """One chunk of a request, planned for the device: the host-to-device contract of the forward.
 
-    A registered JAX pytree. Its leaves are the int32 index arrays below (and `span`); its static
-    metadata is the `bucket` alone, so a `jax.jit` taking a Plan compiles once per bucket, whatever
-    the grid; `jax.device_put(plan)` moves every array in one call; `Plan.abstract(bucket)` is the
-    shape-only plan of a bucket, for ahead-of-time compiles. Host arrays are read-only (plans are
-    shared through the cache). N = n_patches, N_pad = bucket.patches, B = bucket.block,
+    A registered JAX pytree. Its leaves are the arrays below (int32 indices and `span`; the
+    position table's weights are float32); its static metadata is the `bucket` alone, so a
+    `jax.jit` taking a Plan compiles once per bucket, whatever the grid; `jax.device_put(plan)`
+    moves every array in one call; `Plan.abstract(bucket)` is the shape-only plan of a bucket, for
+    ahead-of-time compiles. Host arrays are read-only (plans are shared through the cache).
+    N = n_patches, N_pad = bucket.patches, B = bucket.block,
     S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, KB = bucket.key_blocks.
 
     Rows stay in the request's original order (frames contiguous, each run of merge_unit rows one
@@ -872,10 +878,16 @@ class Plan:
     tile_key_start: np.ndarray  # int32 [T] first key block of the tile's frames
     tile_key_count: np.ndarray  # int32 [T] key blocks of the tile's frames (0..KB)
     span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
+    # The learned position table's bilinear resampling (Qwen3-VL / Qwen3.5, posembed.py): per row 4
+    # table rows and their weights; padding rows index 0, weight 0. P = bucket.pos_embed_rows
+    # (N_pad with a table, 0 without: the tree has the same leaves for every config).
+    pos_embed_index: np.ndarray  # int32 [P, 4] rows of the flattened [side * side, D] table
+    pos_embed_weight: np.ndarray  # float32 [P, 4]
     grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
 
     ARRAYS = ("pos_ids", "segment_ids", "window_tokens", "window_ids", "window_slot", "tile_block",
-              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span")
+              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span",
+              "pos_embed_index", "pos_embed_weight")
 
     @classmethod
     def abstract(cls, bucket: Bucket) -> Plan:
@@ -883,8 +895,10 @@ class Plan:
         n, t, w, s = bucket.patches, bucket.tiles, bucket.windows, bucket.window_rows
         shapes = dict(pos_ids=(n, 2), segment_ids=(n,), window_tokens=(w, s), window_ids=(w, s), window_slot=(n,),
                       tile_block=(t,), tile_first_frame=(t,), tile_last_frame=(t,), tile_key_start=(t,),
-                      tile_key_count=(t,), span=(3,))
-        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.int32) for k, v in shapes.items()})
+                      tile_key_count=(t,), span=(3,), pos_embed_index=(bucket.pos_embed_rows, 4),
+                      pos_embed_weight=(bucket.pos_embed_rows, 4))
+        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.float32 if k == "pos_embed_weight" else np.int32)
+                                     for k, v in shapes.items()})
 
     @property
     def offset(self) -> int:
@@ -1027,10 +1041,16 @@ def _make_plan(grid_bytes: bytes, k: int, cfg: VisionConfig, policy: BucketPolic
     buf.setflags(write=False)  # before slicing: the views inherit it
     g.setflags(write=False)
     pos, seg, slot, tiles, tokens, ids = _plan_views(buf, n_pad, n_tiles, w_pad, s)
-    bucket = Bucket(n_pad, w_pad, kb, b, n_tiles, s)
+    if cfg.num_position_embeddings:  # Qwen3: the table's resampling, cached by grid in posembed too
+        pe_rows = n_pad
+        pe_index, pe_weight = posembed.interpolation_indices_weights(g, cfg, rows=n_pad)
+    else:
+        pe_rows, pe_index, pe_weight = 0, _NO_POS_INDEX, _NO_POS_WEIGHT
+    bucket = Bucket(n_pad, w_pad, kb, b, n_tiles, s, pe_rows)
     return Plan(bucket=bucket, pos_ids=pos, segment_ids=seg, window_tokens=tokens, window_ids=ids,
                 window_slot=slot, tile_block=tiles[0], tile_first_frame=tiles[1], tile_last_frame=tiles[2],
-                tile_key_start=tiles[3], tile_key_count=tiles[4], span=_span(0, n, n), grid_thw=g)
+                tile_key_start=tiles[3], tile_key_count=tiles[4], span=_span(0, n, n),
+                pos_embed_index=pe_index, pos_embed_weight=pe_weight, grid_thw=g)
 
 
 def _plan_views(buf: np.ndarray, n_pad: int, n_tiles: int, w_pad: int, s: int) -> tuple[np.ndarray, ...]:
