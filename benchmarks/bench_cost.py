@@ -11,7 +11,7 @@ temp memory do not depend on them) and asks `cost_report` about:
 compiled_flops is XLA's cost analysis of the bucket's forward (an unrolled copy: XLA counts a
 loop body once), ideal_flops the analytic count on the real rows (qwen_vit_jax.cost).
 
-    python benchmarks/bench_cost.py [--quick] [--variants qwen2.5-vl-3b,qwen2-vl-2b] [--out PATH]
+    python benchmarks/bench_cost.py [--quick] [--variants qwen2.5-vl-3b,qwen2-vl-2b,qwen3-vl-8b] [--out PATH]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import common
 import numpy as np
 from bench_compile import stream_sizes
 
-VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b")
+VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")
 
 
 def seed_cases() -> dict[str, list[list[int]]]:

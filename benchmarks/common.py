@@ -172,14 +172,18 @@ def versions(*modules: str) -> dict:
 # ---- models and checkpoints ----------------------------------------------------------------
 def model_config(variant: str, quick: bool = False):
     """The preset's VisionConfig, or (quick) a 2-block version of it: one window and one full
-    layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16)."""
+    layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16);
+    Qwen3: the real position table, a deepstack tap after block 0 (Qwen3-VL)."""
     import dataclasses
 
-    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL
+    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL, QWEN3_FAMILY
 
     cfg = PRESETS[variant]
     if not quick:
         return cfg
+    if cfg.variant in QWEN3_FAMILY:
+        return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
+                                   deepstack_layers=(0,) if cfg.deepstack_layers else ())
     if cfg.variant == QWEN2_5_VL:
         return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
                                    fullatt_block_indexes=(1,))
@@ -233,11 +237,11 @@ def forward_flops(cfg, grid_thw) -> float:
       per block (x L)  qkv 2 N D 3D + proj 2 N D^2 + MLP (2 matrices, Qwen2-VL; 3, Qwen2.5-VL) 2 N D I
       attention        QK^T and PV: 4 D sum(S^2) over the block's real segments S: frames
                        (h*w, per temporal slice) in full layers, HF's windows in window layers
-      merger           2 (N/M) (M D)^2 + 2 (N/M) (M D) O
+      merger           2 (N/M) (M D)^2 + 2 (N/M) (M D) O, times 1 + K with K deepstack mergers
+                       (Qwen3-VL: computed with every call, by HF and by us)
 
-    Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP. Norms, rotary, softmax and activations
-    are left out (elementwise, < 1%)."""
-    from qwen_vit_jax.config import QWEN2_5_VL
+    Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP. Norms, rotary, softmax, activations and
+    Qwen3's position-table gather are left out (elementwise, < 1%)."""
     from qwen_vit_jax.plan import window_index
 
     g = np.asarray(grid_thw, np.int64)
@@ -245,11 +249,11 @@ def forward_flops(cfg, grid_thw) -> float:
     n = float(np.prod(g, axis=1).sum())
     frames = np.repeat(g[:, 1] * g[:, 2], g[:, 0]).astype(np.float64)
     windows = np.diff(window_index(g, cfg)[1]).astype(np.float64) if cfg.windowed else frames[:0]
-    mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * n * d * i
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * 2 * n * d * i
     block = 2 * n * d * 3 * d + 2 * n * d * d + mlp
     full = sum(cfg.full_attention_layers)
     attention = 4 * d * (full * (frames**2).sum() + (cfg.depth - full) * (windows**2).sum())
-    merger = 2 * (n / m) * (m * d) ** 2 + 2 * (n / m) * (m * d) * o
+    merger = (1 + cfg.num_deepstack) * (2 * (n / m) * (m * d) ** 2 + 2 * (n / m) * (m * d) * o)
     return 2 * n * p * d + cfg.depth * block + attention + merger
 
 
