@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import threading
 import time
 
 import jax
@@ -94,6 +95,8 @@ class VisionEncoder:
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         self._state = fill_state(abstract, params, self.num, self.device)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
+        # Held while compiling: two threads asking for the same new bucket compile it once.
+        self._compile_lock = threading.Lock()
         self.compile_seconds: dict[planlib.Bucket, float] = {}
         self._flops: dict[planlib.Bucket, float] = {}
 
@@ -145,11 +148,10 @@ class VisionEncoder:
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]  # (tokens, features) each
-        mu = self.cfg.merge_unit
-        tokens = np.concatenate([p.unpad(np.asarray(o[0]), mu) for p, o in zip(plans, outs)])
+        tokens = np.concatenate([p.unpad(np.asarray(o[0])) for p, o in zip(plans, outs)])
         if not return_deepstack:
             return tokens
-        features = [np.concatenate([p.unpad(np.asarray(o[1][k]), mu) for p, o in zip(plans, outs)])
+        features = [np.concatenate([p.unpad(np.asarray(o[1][k])) for p, o in zip(plans, outs)])
                     for k in range(self.cfg.num_deepstack)]
         return tokens, features
 
@@ -250,12 +252,17 @@ class VisionEncoder:
 
     def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
         program = self._compiled.get(bucket)
-        if program is None:
+        if program is not None:  # the hot path takes no lock
+            return program
+        with self._compile_lock:  # one compile at a time; a waiter finds the program done
+            program = self._compiled.get(bucket)
+            if program is not None:
+                return program
             t0 = time.perf_counter()
             specs = _input_specs(self.cfg, bucket, self.dtype)
             program = jax.jit(self._forward).lower(self._state, *specs).compile()
-            self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
+            self._compiled[bucket] = program  # last: a lock-free reader sees a finished entry
         return program
 
     def _forward(self, state, pixels, plan):
