@@ -138,8 +138,8 @@ class PosEmbed(nnx.Module):
     plan's bilinear gather: pos[n] = sum_k weight[n, k] * table[index[n, k]], float32.
 
     HF sums the 4 weighted rows the same way, in float32 (its weights are float32, so a bf16
-    table is promoted). Four gathers of [N, D] rather than one [N, 4, D]: a quarter of the live
-    memory. Elementwise on purpose (not a dot): exact float32 products whatever the backend's
+    table is promoted). Four gathers of [N, D] summed one by one: no [N, 4, D] intermediate is
+    needed. Elementwise on purpose (not a dot): exact float32 products whatever the backend's
     matmul precision. Padding rows have weight 0: a zero position embedding.
     """
 
