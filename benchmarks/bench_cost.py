@@ -15,7 +15,7 @@ compiled_flops counts the matmuls of the bucket's forward as it runs (cost.dot_f
 program's dot_generals, loop bodies times their trip counts), ideal_flops the analytic count on the
 real rows (qwen_vit_jax.cost).
 
-    python benchmarks/bench_cost.py [--quick] [--variants qwen2.5-vl-3b,qwen2-vl-2b] [--out PATH]
+    python benchmarks/bench_cost.py [--quick] [--variants qwen2.5-vl-3b,qwen2-vl-2b,qwen3-vl-8b] [--out PATH]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import common
 import numpy as np
 from bench_compile import stream_sizes
 
-VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b")
+VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")
 
 
 def seed_cases() -> dict[str, list[list[int]]]:

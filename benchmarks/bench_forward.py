@@ -33,7 +33,7 @@ import time
 import common
 import numpy as np
 
-VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b")
+VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")
 PLOT = common.ROOT / "benchmarks" / "forward.png"  # RESULTS.md shows this file
 SEED = 0
 

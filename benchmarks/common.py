@@ -195,14 +195,18 @@ def versions(*modules: str) -> dict:
 # ---- models and checkpoints ----------------------------------------------------------------
 def model_config(variant: str, quick: bool = False):
     """The preset's VisionConfig, or (quick) a 2-block version of it: one window and one full
-    layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16)."""
+    layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16);
+    Qwen3: the real position table, a deepstack tap after block 0 (Qwen3-VL)."""
     import dataclasses
 
-    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL
+    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL, QWEN3_FAMILY
 
     cfg = PRESETS[variant]
     if not quick:
         return cfg
+    if cfg.variant in QWEN3_FAMILY:
+        return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
+                                   deepstack_layers=(0,) if cfg.deepstack_layers else ())
     if cfg.variant == QWEN2_5_VL:
         return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
                                    fullatt_block_indexes=(1,))

@@ -32,7 +32,7 @@ timeout 210 python -m pytest tests/test_parity.py tests/test_attention.py -q -p 
 echo "== bench_forward: ours vs HF sdpa (up to $((deadline - $(date +%s))) s) =="
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
 timeout $((deadline - $(date +%s))) python benchmarks/bench_forward.py --device auto \
-  --dtypes bfloat16,float32 --repeats 10 --peak-n 8192 \
+  --variants qwen2.5-vl-3b,qwen2-vl-2b --dtypes bfloat16,float32 --repeats 10 --peak-n 8192 \
   --out "$OUT/forward_gpu.json" --plot "$OUT/forward_gpu.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/forward_gpu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

@@ -510,7 +510,7 @@ def cmd_demo(args) -> int:
     from qwen_vit_jax.demo import run_demo
 
     t0 = time.perf_counter()
-    run_demo(args.size, args.cache_dir, args.out)
+    run_demo(args.size, args.cache_dir, args.out, variant=args.variant)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -555,8 +555,10 @@ No download: write a random-weight checkpoint in the real HF layout (cached), co
 the real converter, preprocess a few generated images, encode them twice (compile, then a warm
 call), print shapes, timings and compile counts, and save a picture: each image next to the
 first three principal components of its tokens as RGB.
-  tiny: a 4-block Qwen2.5-VL tower in float32; well under a minute on 2 CPU cores
-  3b:   the Qwen2.5-VL-3B tower, random bfloat16 weights (1.3 GB on disk), run in bfloat16
+  --variant qwen2.5-vl (default) or qwen3-vl (learned position table, deepstack mergers)
+  tiny: a 4-block tower in float32; well under a minute on 2 CPU cores
+  full: the variant's released tower (Qwen2.5-VL-3B, alias 3b; Qwen3-VL-8B), random bfloat16
+        weights (1.3 / 1.2 GB on disk), run in bfloat16
 """
 
 
@@ -624,7 +626,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", formatter_class=fmt, help="random-weight end-to-end demo, no download",
                        description=DEMO_HELP, epilog=f"example: {PROG} demo --size tiny --out demo.png")
-    p.add_argument("--size", choices=("tiny", "3b"), default="tiny", help="tower size (default tiny)")
+    p.add_argument("--variant", choices=("qwen2.5-vl", "qwen3-vl"), default="qwen2.5-vl",
+                   help="tower family (default qwen2.5-vl)")
+    p.add_argument("--size", choices=("tiny", "full", "3b"), default="tiny",
+                   help="tower size (default tiny; 3b: Qwen2.5-VL's full tower)")
     p.add_argument("--out", default="qwen_vit_jax_demo.png",
                    help="the PNG to write (default ./qwen_vit_jax_demo.png)")
     p.add_argument("--cache-dir", metavar="DIR",

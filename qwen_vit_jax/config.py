@@ -1,8 +1,10 @@
-"""VisionConfig: one frozen, keyword-only config for both Qwen vision towers.
+"""VisionConfig: one frozen, keyword-only config for the Qwen vision towers.
 
-HF's two variants name the same things differently (the naming trap):
+HF's variants name the same things differently (the naming trap):
   Qwen2-VL   : `embed_dim` = ViT width, `hidden_size` = merger output, MLP = embed_dim * mlp_ratio
   Qwen2.5-VL : `hidden_size` = ViT width, `out_hidden_size` = merger output, `intermediate_size`
+  Qwen3-VL, Qwen3.5 : as Qwen2.5-VL, plus `num_position_embeddings` (a learned square position
+               table) and, Qwen3-VL only, `deepstack_visual_indexes` (ours: `deepstack_layers`)
 Ours is unambiguous: `width` is the ViT width, `out_dim` the merger output.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -18,7 +21,10 @@ import numpy as np
 
 QWEN2_VL = "qwen2_vl"
 QWEN2_5_VL = "qwen2_5_vl"
-VARIANTS = (QWEN2_VL, QWEN2_5_VL)
+QWEN3_VL = "qwen3_vl"
+QWEN3_5 = "qwen3_5"
+VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
+QWEN3_FAMILY = (QWEN3_VL, QWEN3_5)  # learned position table, patch-embed bias, LayerNorm, gelu MLP
 
 # The dtypes the tower computes in and stores weights in, by name: the one table of the package
 # (jnp accepts these numpy dtypes as they are).
@@ -38,10 +44,14 @@ ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class VisionConfig:
-    """Hyper-parameters of a Qwen2-VL / Qwen2.5-VL vision tower.
+    """Hyper-parameters of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision tower.
 
     Qwen2-VL: LayerNorm (with bias), fc1 -> act -> fc2 MLP, full attention in every block.
     Qwen2.5-VL: RMSNorm, SwiGLU MLP with biases, window attention except `fullatt_block_indexes`.
+    Qwen3-VL / Qwen3.5: as Qwen2-VL (LayerNorm, fc1 -> act -> fc2, full attention), plus a bias on
+      the patch embedding and a learned `num_position_embeddings` table (a square side x side grid)
+      resampled bilinearly to each image's grid and added after the patch embedding. Qwen3-VL also
+      taps the hidden states after each block in `deepstack_layers` into its own merger.
     """
 
     variant: str
@@ -59,6 +69,8 @@ class VisionConfig:
     fullatt_block_indexes: tuple[int, ...] = ()
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    num_position_embeddings: int = 0  # rows of the learned position table; 0 = none (Qwen2 family)
+    deepstack_layers: tuple[int, ...] = ()  # Qwen3-VL: blocks whose output feeds a deepstack merger
 
     def __post_init__(self):
         def bad(msg):
@@ -80,6 +92,28 @@ class VisionConfig:
         object.__setattr__(self, "fullatt_block_indexes", tuple(int(i) for i in self.fullatt_block_indexes))
         if any(not 0 <= i < self.depth for i in self.fullatt_block_indexes):
             bad(f"fullatt_block_indexes {self.fullatt_block_indexes} out of range for depth {self.depth}")
+        object.__setattr__(self, "deepstack_layers", tuple(int(i) for i in self.deepstack_layers))
+        n_pos = self.num_position_embeddings
+        if not isinstance(n_pos, int) or isinstance(n_pos, bool) or n_pos < 0:
+            bad(f"num_position_embeddings must be a non-negative int, got {n_pos!r}")
+        if self.variant in QWEN3_FAMILY:
+            if n_pos <= 0 or math.isqrt(n_pos) ** 2 != n_pos:
+                bad(f"num_position_embeddings {n_pos} must be a positive square (a side x side table)")
+            if self.window_size or self.fullatt_block_indexes:
+                bad(f"{self.variant} has no window attention (window_size / fullatt_block_indexes must be unset)")
+            ds = self.deepstack_layers
+            if self.variant == QWEN3_5 and ds:
+                bad(f"Qwen3.5 has no deepstack mergers, got deepstack_layers {ds}")
+            if any(not 0 <= i < self.depth for i in ds):
+                bad(f"deepstack_layers {ds} out of range for depth {self.depth}")
+            if any(a >= b for a, b in zip(ds, ds[1:])):
+                # HF appends deepstack features in block order but picks merger k for the k-th list
+                # entry: only an increasing list makes both orders agree.
+                bad(f"deepstack_layers {ds} must be strictly increasing")
+            return
+        if n_pos or self.deepstack_layers:
+            bad(f"{self.variant} has no learned position table or deepstack mergers "
+                f"(num_position_embeddings / deepstack_layers must be unset)")
         if self.variant == QWEN2_5_VL:
             unit = self.patch_size * self.spatial_merge_size
             if self.window_size <= 0 or self.window_size % unit:
@@ -119,6 +153,31 @@ class VisionConfig:
         return (self.window_merge * self.spatial_merge_size) ** 2
 
     @property
+    def norm(self) -> str:
+        """Block / merger norm: "rmsnorm" (Qwen2.5-VL, no bias) or "layernorm" (with bias)."""
+        return "rmsnorm" if self.variant == QWEN2_5_VL else "layernorm"
+
+    @property
+    def mlp(self) -> str:
+        """Block MLP: "swiglu" (Qwen2.5-VL: gate / up / down) or "mlp" (fc1 -> act -> fc2)."""
+        return "swiglu" if self.variant == QWEN2_5_VL else "mlp"
+
+    @property
+    def patch_embed_bias(self) -> bool:
+        """Whether the patch embedding (a Conv3d in HF) has a bias: Qwen3-VL / Qwen3.5 only."""
+        return self.variant in QWEN3_FAMILY
+
+    @property
+    def pos_embed_side(self) -> int:
+        """Side of the learned square position table (48 for 2304 rows); 0 when there is none."""
+        return math.isqrt(self.num_position_embeddings)
+
+    @property
+    def num_deepstack(self) -> int:
+        """Deepstack mergers (3 for the released Qwen3-VL towers, 0 otherwise)."""
+        return len(self.deepstack_layers)
+
+    @property
     def full_attention_layers(self) -> tuple[bool, ...]:
         """Per block: True = full (per-frame) attention, False = window attention."""
         if not self.windowed:
@@ -129,6 +188,7 @@ class VisionConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["fullatt_block_indexes"] = list(self.fullatt_block_indexes)
+        d["deepstack_layers"] = list(self.deepstack_layers)
         return d
 
     @classmethod
@@ -145,8 +205,11 @@ class VisionConfig:
 
         Accepts a dict, a path to a config.json, or a checkpoint directory holding one. Both the
         hub layout (transformers 4.4x: `in_chans`, no vision `model_type`, Qwen2-VL without
-        `hidden_act`) and the transformers 5.x `save_pretrained` layout are understood. Missing
-        fields take HF's own defaults for that variant, as HF would.
+        `hidden_act`; Qwen3-VL's hub files say vision `model_type` "qwen3_vl") and the
+        transformers 5.x `save_pretrained` layout (vision `model_type` "qwen3_vl_vision",
+        "qwen3_5_vision", `rope_parameters`) are understood. Missing fields take HF's own
+        defaults for that variant, as HF would. A top-level and a vision `model_type` that name
+        different Qwen3 variants, or a Qwen3.5 config with deepstack layers, raise ValueError.
         """
         d, where = load_json_object(path_or_dict, "config.json", "HF config")
         try:
@@ -175,15 +238,28 @@ def load_json_object(path_or_dict, filename: str, what: str) -> tuple[dict[str, 
     return d, path
 
 
+# HF model_type -> variant; Qwen3 MoE models share their dense sibling's vision tower.
+_TOP_TYPES = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL,
+              "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5}
+
+
 def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
     top_type = d.get("model_type", "")
     if "vision_config" in d:
         v = d["vision_config"]
         if not isinstance(v, dict):
             raise TypeError("vision_config is not an object")
-        variant = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL}.get(top_type)
+        variant = _TOP_TYPES.get(top_type)
         if variant is None:
             variant = _variant_of_vision(v)
+        elif variant in QWEN3_FAMILY or _qwen3_of_type(v.get("model_type", "")):
+            inner = _qwen3_of_type(v.get("model_type", ""))
+            if inner is not None and inner != variant:
+                raise ValueError(f"model_type {top_type!r} ({variant}) disagrees with vision_config "
+                                 f"model_type {v['model_type']!r} ({inner})")
+            if inner is None and v.get("model_type"):
+                raise ValueError(f"model_type {top_type!r} ({variant}) disagrees with vision_config "
+                                 f"model_type {v['model_type']!r}")
     else:
         v = d
         variant = _variant_of_vision(v)
@@ -197,15 +273,18 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
         return default
 
     rope = v.get("rope_parameters") or v.get("rope_scaling") or {}
+    q3 = variant in QWEN3_FAMILY
     common = dict(
-        depth=int(get("depth", "num_hidden_layers", default=32)),
+        depth=int(get("depth", "num_hidden_layers", default=27 if q3 else 32)),
         num_heads=int(get("num_heads", "num_attention_heads", default=16)),
-        patch_size=int(get("patch_size", "spatial_patch_size", default=14)),
-        temporal_patch_size=int(get("temporal_patch_size", default=2)),
+        patch_size=_square_patch(get("patch_size", "spatial_patch_size", default=16 if q3 else 14), "patch_size"),
+        temporal_patch_size=_square_patch(get("temporal_patch_size", default=2), "temporal_patch_size"),
         in_channels=int(get("in_channels", "in_chans", default=3)),
         spatial_merge_size=int(get("spatial_merge_size", default=2)),
         rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
     )
+    if variant in QWEN3_FAMILY:
+        return _qwen3_from_hf(variant, v, get, common)
     if variant == QWEN2_VL:
         width = int(get("embed_dim", default=1280))
         return VisionConfig(
@@ -228,8 +307,61 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
     )
 
 
+def _qwen3_from_hf(variant: str, v: dict[str, Any], get, common: dict[str, Any]) -> VisionConfig:
+    """Qwen3-VL / Qwen3.5 vision fields (HF defaults: Qwen3VLVisionConfig / Qwen3_5VisionConfig)."""
+    for name in ("window_size", "fullatt_block_indexes"):
+        if v.get(name):
+            raise ValueError(f"{variant} has no window attention, but the config sets {name}={v[name]!r}")
+    rope = v.get("rope_parameters") or {}
+    if rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"{variant} vision rotary must be rope_type 'axial', got {rope['rope_type']!r}")
+    ds = v.get("deepstack_visual_indexes")
+    if variant == QWEN3_VL:
+        ds = (8, 16, 24) if ds is None else ds
+    elif ds:  # the hub's Qwen3.5 files carry an empty list; a non-empty one is not a Qwen3.5 tower
+        raise ValueError(f"Qwen3.5 has no deepstack mergers, but deepstack_visual_indexes is {ds!r}")
+    if not isinstance(ds or [], (list, tuple)) or not all(type(i) is int for i in ds or []):
+        raise ValueError(f"deepstack_visual_indexes must be a list of ints, got {ds!r}")
+    return VisionConfig(
+        variant=variant,
+        width=int(get("hidden_size", default=1152)),
+        intermediate_size=int(get("intermediate_size", default=4304)),
+        out_dim=int(get("out_hidden_size", default=3584)),
+        hidden_act=str(get("hidden_act", default="gelu_pytorch_tanh")),
+        num_position_embeddings=int(get("num_position_embeddings", default=2304)),
+        deepstack_layers=tuple(ds or ()),
+        **common,
+    )
+
+
+def _square_patch(p, name: str) -> int:
+    """HF 5.x allows `patch_size` as an int or an [a, a] pair; a non-square pair is not supported."""
+    if isinstance(p, (list, tuple)):
+        if len(p) != 2 or p[0] != p[1]:
+            raise ValueError(f"{name} {p!r}: only a square patch (one int or [a, a]) is supported")
+        p = p[0]
+    if not isinstance(p, int) or isinstance(p, bool):
+        raise ValueError(f"{name} must be an int, got {p!r}")
+    return p
+
+
+def _qwen3_of_type(mt: str) -> str | None:
+    """Qwen3 variant of a vision model_type ("qwen3_vl_vision", the hub's "qwen3_vl", ...), or None."""
+    if mt.startswith("qwen3_vl"):
+        return QWEN3_VL
+    if mt.startswith("qwen3_5"):
+        return QWEN3_5
+    return None
+
+
 def _variant_of_vision(v: dict[str, Any]) -> str:
     mt = v.get("model_type", "")
+    if (q3 := _qwen3_of_type(mt)) is not None:
+        return q3
+    if "num_position_embeddings" in v:  # no model_type: only deepstack layers tell the two apart
+        if v.get("deepstack_visual_indexes"):
+            return QWEN3_VL
+        raise ValueError("cannot tell Qwen3-VL from Qwen3.5 without model_type (no deepstack_visual_indexes)")
     if mt.startswith("qwen2_5_vl"):
         return QWEN2_5_VL
     if mt.startswith("qwen2_vl"):
@@ -253,9 +385,28 @@ QWEN2_5_VL_3B = VisionConfig(
 )
 QWEN2_5_VL_7B = dataclasses.replace(QWEN2_5_VL_3B, out_dim=3584)
 
+# Qwen3-VL / Qwen3.5: HF's defaults are the large tower (depth 27, width 1152); the 2B / 4B
+# Qwen3-VL models use a smaller one. out_dim is the language model's hidden size.
+QWEN3_VL_8B = VisionConfig(
+    variant=QWEN3_VL, depth=27, width=1152, num_heads=16, intermediate_size=4304, out_dim=4096,
+    hidden_act="gelu_pytorch_tanh", patch_size=16, num_position_embeddings=2304, deepstack_layers=(8, 16, 24),
+)
+QWEN3_VL_32B = dataclasses.replace(QWEN3_VL_8B, out_dim=5120)
+QWEN3_VL_4B = dataclasses.replace(QWEN3_VL_8B, depth=24, width=1024, intermediate_size=4096, out_dim=2560,
+                                  deepstack_layers=(5, 11, 17))
+QWEN3_VL_2B = dataclasses.replace(QWEN3_VL_4B, out_dim=2048)
+QWEN3_5_27B = dataclasses.replace(QWEN3_VL_8B, variant=QWEN3_5, out_dim=5120, deepstack_layers=())
+QWEN3_5_397B_A17B = dataclasses.replace(QWEN3_5_27B, out_dim=4096)
+
 PRESETS = {
     "qwen2-vl-2b": QWEN2_VL_2B,
     "qwen2-vl-7b": QWEN2_VL_7B,
     "qwen2.5-vl-3b": QWEN2_5_VL_3B,
     "qwen2.5-vl-7b": QWEN2_5_VL_7B,
+    "qwen3-vl-2b": QWEN3_VL_2B,
+    "qwen3-vl-4b": QWEN3_VL_4B,
+    "qwen3-vl-8b": QWEN3_VL_8B,
+    "qwen3-vl-32b": QWEN3_VL_32B,
+    "qwen3.5-27b": QWEN3_5_27B,
+    "qwen3.5-397b-a17b": QWEN3_5_397B_A17B,
 }

@@ -1,16 +1,18 @@
-"""HF Qwen2-VL / Qwen2.5-VL checkpoint -> our params, through one strict, declarative key table.
+"""HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint -> our params, through one strict, declarative key table.
 
 Reading touches only the vision tensors: safetensors headers (or the shard index) say where each
 tensor lives, only shards holding vision keys are opened, and tensor bytes are memory-mapped and
 copied one at a time (a 72B checkpoint is ~144 GB, its vision tower ~1.3 GB). Our own safetensors
 reader handles BF16 without torch. Every HF vision key must match exactly one rule of `RULES`,
-every one of our params (and every block row of a stacked param) must be filled exactly once, and
+every one of our params (and every row of a stacked param: one per block, or one per deepstack
+merger) must be filled exactly once, and
 shapes are checked before and after each transform; anything else raises `CheckpointError`.
 
 A converted directory holds:
   config.json                {"format": "qwen_vit_jax", "format_version": 1, "vision_config": ...,
                               "source": {"hf_dir": ..., "keys_prefix": ...}, "dtype": ...}
-  params.safetensors         flat NNX paths, blocks stacked over depth, kernels [in, out]
+  params.safetensors         flat NNX paths, blocks stacked over depth, deepstack mergers stacked
+                             over their taps, kernels [in, out]
   preprocessor_config.json   copied from the HF directory when present
 No torch, transformers or jax is imported here.
 """
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from qwen_vit_jax.config import DTYPES, QWEN2_5_VL, QWEN2_VL, VisionConfig
+from qwen_vit_jax.config import DTYPES, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
 
 FORMAT, FORMAT_VERSION = "qwen_vit_jax", 1
 CONFIG_FILE, PARAMS_FILE, PREPROCESSOR_FILE = "config.json", "params.safetensors", "preprocessor_config.json"
@@ -207,7 +209,8 @@ def _conv(w, cfg):
 def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
     """Dimension string -> shape, e.g. "3D D" -> (3 * width, width)."""
     dims = dict(D=cfg.width, I=cfg.intermediate_size, O=cfg.out_dim, M=cfg.merge_unit * cfg.width,
-                P=cfg.patch_dim, C=cfg.in_channels, T=cfg.temporal_patch_size, p=cfg.patch_size)
+                P=cfg.patch_dim, C=cfg.in_channels, T=cfg.temporal_patch_size, p=cfg.patch_size,
+                N=cfg.num_position_embeddings)
     tokens = (re.fullmatch(r"(\d*)([A-Za-z])", t) for t in spec.split())
     return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
 
@@ -217,9 +220,11 @@ class Rule:
     """HF tensor family -> one of our params.
 
     pattern: anchored regex on the prefix-stripped HF key; a `(?P<layer>...)` group marks a
-      per-block tensor filling row `layer` of our stacked [L, ...] param.
+      per-block tensor filling row `layer` of our stacked [L, ...] param, a `(?P<tap>...)` group a
+      deepstack-merger tensor filling row `tap` of our stacked [K, ...] param (K deepstack layers;
+      row k is the merger of the k-th entry of cfg.deepstack_layers, as in HF's list).
     src, dst: shapes as dimension strings (D width, I MLP hidden, O merger out, M = merge_unit * D,
-      P patch_dim, C/T/p channels/temporal patch/patch); dst is per block.
+      P patch_dim, C/T/p channels/temporal patch/patch, N position-table rows); dst is per row.
     """
 
     pattern: str
@@ -230,30 +235,48 @@ class Rule:
     variants: tuple[str, ...] = (QWEN2_VL, QWEN2_5_VL)
 
     @property
+    def stack(self) -> str | None:
+        """"layer" (stacked over blocks), "tap" (stacked over deepstack mergers) or None."""
+        return next((g for g in ("layer", "tap") if f"(?P<{g}>" in self.pattern), None)
+
+    @property
     def per_block(self) -> bool:
-        return "(?P<layer>" in self.pattern
+        return self.stack is not None
+
+    def rows(self, cfg: VisionConfig) -> int:
+        """Leading size of our stacked param: depth, or the number of deepstack mergers."""
+        return cfg.depth if self.stack == "layer" else cfg.num_deepstack
 
     def hf_key(self, layer: int | None) -> str:
         """The HF key (without prefix) this rule expects, for error messages."""
-        return re.sub(r"\(\?P<layer>[^)]*\)", str(layer), self.pattern).replace("\\", "")
+        return re.sub(r"\(\?P<(?:layer|tap)>[^)]*\)", str(layer), self.pattern).replace("\\", "")
 
 
 _B = r"blocks\.(?P<layer>0|[1-9][0-9]*)\."
-_V2, _V25 = (QWEN2_VL,), (QWEN2_5_VL,)
+_DS = r"deepstack_merger_list\.(?P<tap>0|[1-9][0-9]*)\."
+_V2, _V25, _V3, _V3VL = (QWEN2_VL,), (QWEN2_5_VL,), (QWEN3_VL, QWEN3_5), (QWEN3_VL,)
+_ALL = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
+_LN = (QWEN2_VL, QWEN3_VL, QWEN3_5)  # LayerNorm (with bias) variants
 RULES: tuple[Rule, ...] = (
-    Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D"),
-    Rule(_B + r"norm1\.weight", "blocks.norm1.scale", _identity, "D", "D"),
-    Rule(_B + r"norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _V2),
-    Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D"),
-    Rule(_B + r"norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _V2),
-    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D"),
-    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D"),
-    Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D"),
-    Rule(_B + r"attn\.proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D"),
+    Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _ALL),
+    Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _V3),
+    Rule(r"pos_embed\.weight", "pos_embed.table", _identity, "N D", "N D", _V3),
+    Rule(_B + r"norm1\.weight", "blocks.norm1.scale", _identity, "D", "D", _ALL),
+    Rule(_B + r"norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _LN),
+    Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _ALL),
+    Rule(_B + r"norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _LN),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _ALL),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _ALL),
+    Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _ALL),
+    Rule(_B + r"attn\.proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D", _ALL),
     Rule(_B + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _V2),
     Rule(_B + r"mlp\.fc1\.bias", "blocks.mlp.fc1.bias", _identity, "I", "I", _V2),
     Rule(_B + r"mlp\.fc2\.weight", "blocks.mlp.fc2.kernel", _linear, "D I", "I D", _V2),
     Rule(_B + r"mlp\.fc2\.bias", "blocks.mlp.fc2.bias", _identity, "D", "D", _V2),
+    Rule(_B + r"mlp\.linear_fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _V3),
+    Rule(_B + r"mlp\.linear_fc1\.bias", "blocks.mlp.fc1.bias", _identity, "I", "I", _V3),
+    Rule(_B + r"mlp\.linear_fc2\.weight", "blocks.mlp.fc2.kernel", _linear, "D I", "I D", _V3),
+    Rule(_B + r"mlp\.linear_fc2\.bias", "blocks.mlp.fc2.bias", _identity, "D", "D", _V3),
     Rule(_B + r"mlp\.gate_proj\.weight", "blocks.mlp.gate.kernel", _linear, "I D", "D I", _V25),
     Rule(_B + r"mlp\.gate_proj\.bias", "blocks.mlp.gate.bias", _identity, "I", "I", _V25),
     Rule(_B + r"mlp\.up_proj\.weight", "blocks.mlp.up.kernel", _linear, "I D", "D I", _V25),
@@ -266,18 +289,32 @@ RULES: tuple[Rule, ...] = (
     Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M"),
     Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O"),
     Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O"),
+    Rule(r"merger\.norm\.weight", "merger.norm.scale", _identity, "D", "D", _V3),
+    Rule(r"merger\.norm\.bias", "merger.norm.bias", _identity, "D", "D", _V3),
+    Rule(r"merger\.linear_fc1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3),
+    Rule(r"merger\.linear_fc1\.bias", "merger.fc1.bias", _identity, "M", "M", _V3),
+    Rule(r"merger\.linear_fc2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3),
+    Rule(r"merger\.linear_fc2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3),
+    # Qwen3-VL deepstack mergers: the norm runs after the 2x2 shuffle, so it spans M = 4D.
+    Rule(_DS + r"norm\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL),
+    Rule(_DS + r"norm\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL),
+    Rule(_DS + r"linear_fc1\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL),
+    Rule(_DS + r"linear_fc1\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL),
+    Rule(_DS + r"linear_fc2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL),
+    Rule(_DS + r"linear_fc2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL),
 )
 
 
 def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
-    """Our flat param key -> shape; per-block params lead with L = cfg.depth."""
-    return {r.target: ((cfg.depth,) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
-            for r in RULES if cfg.variant in r.variants}
+    """Our flat param key -> shape; per-block params lead with L = cfg.depth, deepstack params with
+    K = cfg.num_deepstack (a Qwen3-VL config without deepstack layers has none)."""
+    return {r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
+            for r in RULES if cfg.variant in r.variants and not (r.per_block and r.rows(cfg) == 0)}
 
 
 # ---- reading an HF checkpoint -----------------------------------------------------------------
 _PREFIXES = ("visual.", "model.visual.")  # hub / transformers 5.x saves, some 4.5x saves
-_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint
+_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint (any of its keys)
 
 
 def locate_tensors(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, SafetensorsFile]]:
@@ -332,16 +369,19 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
     where, files = locate_tensors(hf_dir)
     prefix = vision_prefix(where, hf_dir)
     rules = [(re.compile(r.pattern), r) for r in RULES if cfg.variant in r.variants]
+    rules = [(rx, r) for rx, r in rules if not (r.per_block and r.rows(cfg) == 0)]
 
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
     matched, unknown = [], []
     for key in sorted(k for k in where if k.startswith(prefix)):
         hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix):]))]
-        layer = int(hits[0][1]["layer"]) if len(hits) == 1 and hits[0][0].per_block else None
+        rule = hits[0][0] if len(hits) == 1 else None
+        layer = int(hits[0][1][rule.stack]) if rule is not None and rule.per_block else None
         if len(hits) != 1:
             unknown.append(f"{key!r} in {where[key]}" + (" (matches several rules)" if hits else ""))
-        elif layer is not None and layer >= cfg.depth:
-            unknown.append(f"{key!r} in {where[key]} (block {layer} >= depth {cfg.depth})")
+        elif layer is not None and layer >= rule.rows(cfg):
+            what = ("block", "depth") if rule.stack == "layer" else ("deepstack merger", "deepstack layers")
+            unknown.append(f"{key!r} in {where[key]} ({what[0]} {layer} >= {what[1]} {rule.rows(cfg)})")
         else:
             matched.append((key, hits[0][0], layer))
     if unknown:
@@ -382,7 +422,7 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         stack[layer] = w
 
     missing = [f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
-               for _, r in rules for i in (range(cfg.depth) if r.per_block else [None])
+               for _, r in rules for i in (range(r.rows(cfg)) if r.per_block else [None])
                if (r.target, i) not in filled]
     if missing:
         raise CheckpointError(f"{hf_dir}: {len(missing)} {cfg.variant} vision tensor(s) missing: "
@@ -555,7 +595,7 @@ def sigterm_as_interrupt():
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
     ap = argparse.ArgumentParser(prog=prog, description="Convert the vision tower of an HF Qwen2-VL / "
-                                 "Qwen2.5-VL checkpoint to qwen_vit_jax params.")
+                                 "Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint to qwen_vit_jax params.")
     ap.add_argument("hf_dir", help="HF checkpoint directory (config.json + *.safetensors)")
     ap.add_argument("out_dir", help="output directory (must not exist unless --overwrite)")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default=None,

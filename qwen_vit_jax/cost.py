@@ -16,11 +16,14 @@ import math
 import jax.extend.core as jax_core
 import numpy as np
 
-from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+from qwen_vit_jax.config import VisionConfig
 
 
 def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
-    """Analytic FLOPs (2 per multiply-add) of the tower on real rows only.
+    """Analytic FLOPs (2 per multiply-add) of the tower on real rows only: patch embedding,
+    blocks (SwiGLU: 3 matrices; the fc1 / fc2 MLP: 2), the merger and Qwen3-VL's deepstack
+    mergers (each the merger's two matrices: the encoder computes them with every call). The
+    position-table gather is elementwise work: not counted (nor is it in `dot_flops`).
 
     Args:
       frame_lengths: rows of every frame (full-attention segments).
@@ -30,13 +33,14 @@ def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
     frames = np.asarray(frame_lengths, np.float64)
     windows = np.asarray(window_lengths, np.float64)
     n = frames.sum()
-    mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * d * i
+    mlp = (3 if cfg.mlp == "swiglu" else 2) * 2 * d * i
     per_row = 2 * cfg.patch_dim * d + cfg.depth * (2 * d * 3 * d + 2 * d * d + mlp)
     merge = 2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim
     full_layers = sum(cfg.full_attention_layers)
     attention = 4 * d * (full_layers * np.square(frames).sum()
                          + (cfg.depth - full_layers) * np.square(windows).sum())
-    return float(n * per_row + n / cfg.merge_unit * merge + attention)
+    mergers = 1 + cfg.num_deepstack
+    return float(n * per_row + mergers * n / cfg.merge_unit * merge + attention)
 
 
 def dot_flops(jaxpr) -> float:

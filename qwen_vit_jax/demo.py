@@ -1,12 +1,13 @@
 """The demo: random-weight checkpoint in the real HF layout -> convert -> encode -> PCA picture.
 
 No download and no torch: `write_random_hf_checkpoint` writes what `save_pretrained` of a
-Qwen2-VL / Qwen2.5-VL model would (config.json in the transformers 5.x layout, `visual.*`
-tensors in HF shapes in model.safetensors, the hub's preprocessor_config.json), so the real
-converter, loader and preprocessing run on it unchanged. The weights are random, so the PCA
-picture shows how the tower's features follow the input's local structure, not semantics.
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 model would (config.json in the transformers 5.x
+layout, `visual.*` tensors in HF shapes in model.safetensors, the hub's
+preprocessor_config.json), so the real converter, loader and preprocessing run on it unchanged.
+The weights are random, so the PCA picture shows how the tower's features follow the input's
+local structure, not semantics.
 
-    python -m qwen_vit_jax.cli demo            # or: qwen-vit-jax demo [--size 3b]
+    python -m qwen_vit_jax.cli demo            # or: qwen-vit-jax demo [--variant qwen3-vl] [--size full]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, VisionConfig, dtype_named
+from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN3_FAMILY, QWEN3_VL_8B, VisionConfig, dtype_named
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
 from qwen_vit_jax.hf_reference import hf_config
 from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
@@ -32,10 +33,20 @@ from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_res
 # run in seconds on two CPU cores.
 TINY = dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128,
                            fullatt_block_indexes=(1, 3))
-SIZES = {"tiny": TINY, "3b": QWEN2_5_VL_3B}
-# Random 3B weights are written in bfloat16 (1.3 GB instead of 2.7 GB, like the hub's files) and
-# run in bfloat16 (bf16-rounded operands, float32 accumulation); the tiny tower stays float32 (exact mode).
-DEMO_DTYPE = {"tiny": "float32", "3b": "bfloat16"}
+# The same size of Qwen3-VL tower: the real 48 x 48 position table, deepstack taps on blocks 1 and 2.
+TINY_QWEN3_VL = dataclasses.replace(QWEN3_VL_8B, depth=4, width=128, num_heads=4, intermediate_size=256,
+                                    out_dim=128, deepstack_layers=(1, 2))
+# --variant -> {--size -> tower}; "full" is the variant's released tower ("3b": Qwen2.5-VL's, kept
+# as the name it had before there were other variants).
+VARIANTS = {
+    "qwen2.5-vl": {"tiny": TINY, "full": QWEN2_5_VL_3B, "3b": QWEN2_5_VL_3B},
+    "qwen3-vl": {"tiny": TINY_QWEN3_VL, "full": QWEN3_VL_8B},
+}
+SIZES = VARIANTS["qwen2.5-vl"]
+# Random full-size weights are written in bfloat16 (1.3 GB instead of 2.7 GB for the 3B tower, like
+# the hub's files) and run in bfloat16 (bf16-rounded operands, float32 accumulation); the tiny
+# towers stay float32 (exact mode).
+DEMO_DTYPE = {"tiny": "float32", "full": "bfloat16", "3b": "bfloat16"}
 
 # What the Qwen2-VL / Qwen2.5-VL hub repositories ship as preprocessor_config.json.
 HUB_PREPROCESSOR = {
@@ -48,6 +59,16 @@ HUB_PREPROCESSOR = {
     "image_std": list(OPENAI_CLIP_STD),
     "image_processor_type": "Qwen2VLImageProcessor",
 }
+# What the Qwen3-VL / Qwen3.5 hub repositories ship: patch 16, mean / std 0.5, the budget as `size`.
+HUB_PREPROCESSOR_QWEN3 = {
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+}
 
 
 # ---- a random checkpoint in HF's layout ---------------------------------------------------------
@@ -56,7 +77,8 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
 
     Matrices (and the Conv3d patch embedding) N(0, 1/fan_in), biases 0.02 N(0, 1), norm weights
     1 + 0.1 N(0, 1): the parity-test init of docs/numerics.md, which keeps attention far from uniform.
-    The key set comes from the converter's table (`convert.RULES`), one tensor per rule and block.
+    The key set comes from the converter's table (`convert.RULES`), one tensor per rule and row of
+    its stacked param (per block, or per deepstack merger: `Rule.rows`).
     """
     out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
@@ -65,12 +87,12 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
         if cfg.variant not in rule.variants:
             continue
         shape = dims_to_shape(rule.src, cfg)
-        for layer in range(cfg.depth) if rule.per_block else [None]:
+        for layer in range(rule.rows(cfg)) if rule.per_block else [None]:
             key = "visual." + rule.hf_key(layer)
             w = rng.standard_normal(shape, dtype=np.float32)
             if len(shape) >= 2:  # [out, in, ...]: fan_in is everything after the first axis
                 w *= 1 / math.sqrt(math.prod(shape[1:]))
-            elif key.endswith(".weight"):  # a 1-D weight is a norm scale (norm1/2, merger.ln_q)
+            elif key.endswith(".weight"):  # a 1-D weight is a norm scale (norm1/2, merger.ln_q / norm)
                 w = 1 + 0.1 * w
             else:
                 w *= 0.02
@@ -83,7 +105,7 @@ def write_random_hf_checkpoint(cfg: VisionConfig, path: str | os.PathLike, seed:
     """Write an HF-layout checkpoint directory with a random vision tower, atomically.
 
     Files: config.json (transformers 5.x layout, a minimal text_config), model.safetensors (only
-    `visual.*` tensors, in `dtype`) and preprocessor_config.json (the Qwen hub values). `path` must
+    `visual.*` tensors, in `dtype`) and preprocessor_config.json (the variant's hub values). `path` must
     not exist; it is filled in a temporary sibling and renamed into place.
     """
     path = pathlib.Path(path)
@@ -94,7 +116,8 @@ def write_random_hf_checkpoint(cfg: VisionConfig, path: str | os.PathLike, seed:
     try:
         write_safetensors(tmp / "model.safetensors", random_hf_tensors(cfg, seed, dtype), {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
-        (tmp / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR, indent=2) + "\n")
+        pre = HUB_PREPROCESSOR_QWEN3 if cfg.variant in QWEN3_FAMILY else HUB_PREPROCESSOR
+        (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         os.rename(tmp, path)
     except BaseException:
@@ -234,18 +257,29 @@ def default_cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "qwen_vit_jax"
 
 
+def demo_config(variant: str = "qwen2.5-vl", size: str = "tiny") -> VisionConfig:
+    """The demo's tower for `variant` (a key of VARIANTS) and `size` ("tiny" or "full")."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    if size not in VARIANTS[variant]:
+        raise ValueError(f"size must be one of {tuple(VARIANTS[variant])} for {variant}, got {size!r}")
+    return VARIANTS[variant][size]
+
+
 def prepare_checkpoint(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
-                       log=print) -> pathlib.Path:
-    """The converted random checkpoint of `size`, built on first use under `cache_dir`/demo-<size>:
-    hf/ (HF layout, written by `write_random_hf_checkpoint`) and converted/ (`convert_checkpoint`).
-    A cached directory whose config is not `size`'s (an older layout) is rebuilt."""
+                       log=print, variant: str = "qwen2.5-vl") -> pathlib.Path:
+    """The converted random checkpoint of `variant` / `size`, built on first use under
+    `cache_dir`/demo-<size> (Qwen2.5-VL) or demo-<variant>-<size>: hf/ (HF layout, written by
+    `write_random_hf_checkpoint`) and converted/ (`convert_checkpoint`). A cached directory whose
+    config is not this tower's (an older layout) is rebuilt."""
     from qwen_vit_jax.convert import convert_checkpoint, load_converted
 
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
-    cfg = SIZES[size]
+    cfg = demo_config(variant, size)
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root = root / f"demo-{size}"
+    if variant == "qwen2.5-vl":  # "full" and "3b" are one tower: one cache, under its older name
+        root = root / ("demo-3b" if size == "full" else f"demo-{size}")
+    else:
+        root = root / f"demo-{variant}-{size}"
     hf_dir, ours = root / "hf", root / "converted"
     try:
         current = VisionConfig.from_hf(hf_dir) == cfg and load_converted(ours)[0] == cfg
@@ -268,12 +302,15 @@ def prepare_checkpoint(size: str = "tiny", cache_dir: str | os.PathLike | None =
 
 
 def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
-             out: str | os.PathLike = "qwen_vit_jax_demo.png", log=print) -> pathlib.Path:
+             out: str | os.PathLike = "qwen_vit_jax_demo.png", log=print, variant: str = "qwen2.5-vl") -> pathlib.Path:
     """Build (or reuse) the random checkpoint, encode the sample images twice, save the PCA picture.
 
     Args:
-      size: "tiny" (a 4-block Qwen2.5-VL tower, float32) or "3b" (the Qwen2.5-VL-3B tower, random
-        bfloat16 weights, 1.3 GB on disk, run in bfloat16).
+      size: "tiny" (a 4-block tower, float32) or "full" (the variant's released tower, random
+        bfloat16 weights, run in bfloat16: Qwen2.5-VL-3B's, 1.3 GB on disk, also called "3b";
+        Qwen3-VL-8B's, 1.2 GB).
+      variant: "qwen2.5-vl" or "qwen3-vl" (with deepstack mergers: their features are computed
+        with every call, the picture shows the final tokens).
       cache_dir: where the checkpoints are kept (default: `default_cache_dir()`).
       out: the PNG to write.
       log: where progress lines go.
@@ -282,7 +319,7 @@ def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
     """
     from qwen_vit_jax.encoder import VisionEncoder
 
-    ckpt = prepare_checkpoint(size, cache_dir, log)
+    ckpt = prepare_checkpoint(size, cache_dir, log, variant)
     t0 = time.perf_counter()
     enc = VisionEncoder.from_pretrained(ckpt, dtype=DEMO_DTYPE[size])
     cfg = enc.cfg

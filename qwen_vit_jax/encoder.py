@@ -138,7 +138,7 @@ class VisionEncoder:
         return len(self._compiled)
 
     # ---- the public entry points ---------------------------------------------------------
-    def encode(self, pixel_values, grid_thw, *, check_finite: bool = True) -> np.ndarray:
+    def encode(self, pixel_values, grid_thw, *, check_finite: bool = True, return_deepstack: bool = False):
         """Embed a batch of images / videos.
 
         Args:
@@ -147,18 +147,27 @@ class VisionEncoder:
           check_finite: reject NaN / Inf in pixel_values with a ValueError naming the image and
             its first bad row (one pass over the pixels). Without the check a non-finite image
             still never affects the other images' rows: the tower isolates segments.
+          return_deepstack: also return Qwen3-VL's deepstack features.
         Returns:
-          float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output`, all inputs
-          concatenated in order.
+          float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output` (the merged
+          tokens, every variant), all inputs concatenated in order. With return_deepstack,
+          (tokens, features): features is one float32 [N // merge_unit, out_dim] array per entry
+          of cfg.deepstack_layers (HF's `deepstack_features`), an empty list for towers without
+          deepstack mergers. A Qwen3-VL program always computes them (its language model takes
+          them with every image); they are copied to the host only when asked for.
         """
         plans, pixels = self._prepare(pixel_values, grid_thw, check_finite)
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
-        outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
-        out = np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
+        outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]  # (tokens, features) each
+        tokens = np.concatenate([p.unpad(np.asarray(o[0])) for p, o in zip(plans, outs)])
         self._count(grid_thw)
-        return out
+        if not return_deepstack:
+            return tokens
+        features = [np.concatenate([p.unpad(np.asarray(o[1][k])) for p, o in zip(plans, outs)])
+                    for k in range(self.cfg.num_deepstack)]
+        return tokens, features
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
@@ -297,7 +306,8 @@ class VisionEncoder:
         return program
 
     def _forward(self, state, pixels, plan):
-        return nnx.merge(self._graphdef, state)(pixels, plan)
+        """(tokens, deepstack features: [] without deepstack mergers)."""
+        return nnx.merge(self._graphdef, state)(pixels, plan, deepstack=True)
 
 
 def _grid_key(grid_thw) -> tuple:

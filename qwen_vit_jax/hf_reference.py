@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN3_5, QWEN3_FAMILY, QWEN3_VL, VisionConfig
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -77,8 +77,20 @@ TEXT_CONFIG = {
     "rms_norm_eps": 1e-6, "hidden_act": "silu",
     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
 }
-_ARCHITECTURES = {QWEN2_5_VL: ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration")}
+# Qwen3 text configs default head_dim to 128: pin it to hidden / heads so mrope_section (8) fits.
+TEXT_CONFIG_QWEN3 = dict(TEXT_CONFIG, head_dim=16)
+# Qwen3.5's text model is hybrid (Gated DeltaNet + attention): one full-attention layer keeps it tiny.
+TEXT_CONFIG_QWEN3_5 = dict(TEXT_CONFIG_QWEN3, layer_types=["full_attention"], linear_num_key_heads=1,
+                           linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8)
+_ARCHITECTURES = {QWEN2_5_VL: ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+                  QWEN3_VL: ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+                  QWEN3_5: ("qwen3_5", "Qwen3_5ForConditionalGeneration")}
 _QWEN2_VL_ARCH = ("qwen2_vl", "Qwen2VLForConditionalGeneration")
+
+
+def text_config(cfg: VisionConfig) -> dict:
+    """The tiny text model that goes with a vision tower of `cfg`'s variant."""
+    return {QWEN3_VL: TEXT_CONFIG_QWEN3, QWEN3_5: TEXT_CONFIG_QWEN3_5}.get(cfg.variant, TEXT_CONFIG)
 
 
 def hf_vision_config(cfg: VisionConfig) -> dict:
@@ -91,6 +103,12 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
         "spatial_merge_size": cfg.spatial_merge_size,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
     }
+    if cfg.variant in QWEN3_FAMILY:
+        vision = dict(common, hidden_size=cfg.width, out_hidden_size=cfg.out_dim,
+                      intermediate_size=cfg.intermediate_size, num_position_embeddings=cfg.num_position_embeddings)
+        if cfg.variant == QWEN3_VL:
+            vision["deepstack_visual_indexes"] = list(cfg.deepstack_layers)
+        return vision
     if cfg.variant == QWEN2_5_VL:
         return dict(common, hidden_size=cfg.width, out_hidden_size=cfg.out_dim,
                     intermediate_size=cfg.intermediate_size, window_size=cfg.window_size,
@@ -103,11 +121,11 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
 
 def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
     """The transformers 5.x `config.json` of a full VL model whose vision tower is `cfg` (with
-    TEXT_CONFIG as its text model)."""
+    `text_config(cfg)` as its text model)."""
     top, arch = _ARCHITECTURES.get(cfg.variant, _QWEN2_VL_ARCH)
     return {
         "architectures": [arch], "model_type": top, "dtype": dtype,
-        "text_config": dict(TEXT_CONFIG, model_type=f"{top}_text"),
+        "text_config": dict(text_config(cfg), model_type=f"{top}_text"),
         "vision_config": hf_vision_config(cfg),
         "image_token_id": 151655, "video_token_id": 151656,
         "vision_start_token_id": 151652, "vision_end_token_id": 151653,
@@ -117,6 +135,14 @@ def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
 # ---- HF models (torch) ------------------------------------------------------------------------------
 def _hf_classes(variant: str):
     """(full VL config class, vision config class, vision tower class, full model class) of a variant."""
+    if variant == QWEN3_VL:
+        from transformers.models.qwen3_vl import modeling_qwen3_vl as hf
+
+        return hf.Qwen3VLConfig, hf.Qwen3VLVisionConfig, hf.Qwen3VLVisionModel, hf.Qwen3VLForConditionalGeneration
+    if variant == QWEN3_5:
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+        return hf.Qwen3_5Config, hf.Qwen3_5VisionConfig, hf.Qwen3_5VisionModel, hf.Qwen3_5ForConditionalGeneration
     if variant == QWEN2_5_VL:
         from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
@@ -148,13 +174,13 @@ def reinit_(module, seed: int) -> None:
 
 
 def build_hf_model(cfg: VisionConfig, seed: int = 0):
-    """A full HF VL model (TEXT_CONFIG's tiny text part) whose vision tower matches `cfg`, float32,
-    eval mode, its vision tower re-initialised (`reinit_`). `save_pretrained` writes it in the real
-    checkpoint layout."""
+    """A full HF VL model (a tiny text part: `text_config`) whose vision tower matches `cfg`,
+    float32, eval mode, its vision tower re-initialised (`reinit_`). `save_pretrained` writes it in
+    the real checkpoint layout."""
     import torch
 
     full_cls, _, _, model_cls = _hf_classes(cfg.variant)
-    hf_cfg = full_cls(text_config=dict(TEXT_CONFIG), vision_config=hf_vision_config(cfg))
+    hf_cfg = full_cls(text_config=dict(text_config(cfg)), vision_config=hf_vision_config(cfg))
     torch.manual_seed(seed)
     model = model_cls(hf_cfg).eval()
     reinit_(model.model.visual, seed)

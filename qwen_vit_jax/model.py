@@ -1,11 +1,16 @@
-"""The Qwen2-VL / Qwen2.5-VL vision tower in Flax NNX, top to bottom.
+"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision tower in Flax NNX, top to bottom.
 
-  pixels [N, 1176] -> PatchEmbed -> depth x Block (window or full attention) -> PatchMerger
-  -> [N / 4, out_dim]
+  pixels [N, patch_dim] -> PatchEmbed (+ position table) -> depth x Block (window or full
+  attention; deepstack taps) -> PatchMerger -> [N / 4, out_dim]
 
-Both variants live here and differ only by config: Qwen2-VL uses LayerNorm and an
+All variants live here and differ only by config: Qwen2-VL uses LayerNorm and an
 fc1 -> act -> fc2 MLP with full attention everywhere; Qwen2.5-VL uses RMSNorm, a SwiGLU
-MLP and window attention except in `fullatt_block_indexes`.
+MLP and window attention except in `fullatt_block_indexes`. Qwen3-VL / Qwen3.5 are Qwen2-VL's
+layout with a patch-embedding bias, a learned square position table resampled to each grid
+(indices and weights from the plan, added once before block 0) and the tanh GELU; Qwen3-VL
+also has deepstack mergers: after each block in `deepstack_layers`, a merger (shuffle first,
+then LayerNorm over the 4 * width merged row) turns that block's output into tokens
+(docs/qwen3.md).
 
 Rows stay in the original pixel_values order throughout: frames are contiguous and each
 run of merge_unit (4) rows is one merge unit, so full attention, the merger and the output
@@ -27,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from qwen_vit_jax.attention import Numerics, numerics_for, segment_attention, window_attention
-from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
+from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.plan import Plan
 
 MIN_DOT_ROWS = 64  # see PatchMerger
@@ -93,10 +98,10 @@ class Linear(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """RMSNorm (Qwen2.5-VL, scale only) or LayerNorm (Qwen2-VL, scale + bias), in float32."""
+    """RMSNorm (Qwen2.5-VL, scale only) or LayerNorm (the others, scale + bias), in float32."""
 
     def __init__(self, dim: int, cfg: VisionConfig):
-        self.rms = cfg.variant == QWEN2_5_VL
+        self.rms = cfg.norm == "rmsnorm"
         self.eps = cfg.norm_eps
         self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
         self.bias = None if self.rms else nnx.Param(jnp.zeros((dim,), jnp.float32))
@@ -113,14 +118,41 @@ class Norm(nnx.Module):
 
 
 class PatchEmbed(nnx.Module):
-    """Conv3d with kernel = stride = (T, p, p) and no bias, on rows of (C, T, p, p): a matmul."""
+    """Conv3d with kernel = stride = (T, p, p) on rows of (C, T, p, p): a matmul. A bias for
+    Qwen3-VL / Qwen3.5 only."""
 
     def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
         self.num = num
         self.kernel = nnx.Param(_normal(rngs, (cfg.patch_dim, cfg.width), cfg.patch_dim**-0.5))
+        self.bias = nnx.Param(jnp.zeros((cfg.width,), jnp.float32)) if cfg.patch_embed_bias else None
 
     def __call__(self, pixels: jax.Array) -> jax.Array:
-        return self.num.einsum("np,pd->nd", pixels, self.kernel[...])  # [N, P] -> [N, D]
+        x = self.num.einsum("np,pd->nd", pixels, self.kernel[...])  # [N, P] -> [N, D]
+        if self.bias is not None:
+            x = x + self.bias[...].astype(jnp.float32)
+        return x
+
+
+class PosEmbed(nnx.Module):
+    """The learned square position table (Qwen3-VL / Qwen3.5), resampled to each grid by the
+    plan's bilinear gather: pos[n] = sum_k weight[n, k] * table[index[n, k]], float32.
+
+    HF sums the 4 weighted rows the same way, in float32 (its weights are float32, so a bf16
+    table is promoted). Four gathers of [N, D] summed one by one: no [N, 4, D] intermediate is
+    needed. Elementwise on purpose (not a dot): exact float32 products whatever the backend's
+    matmul precision. Padding rows have weight 0: a zero position embedding.
+    """
+
+    def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs):
+        self.table = nnx.Param(_normal(rngs, (cfg.num_position_embeddings, cfg.width), 0.02))
+
+    def __call__(self, index: jax.Array, weight: jax.Array) -> jax.Array:
+        """index: int32 [N, 4]; weight: float32 [N, 4] -> [N, D] float32."""
+        table = self.table[...].astype(jnp.float32)  # [side * side, D]
+        pos = table[index[:, 0]] * weight[:, 0:1]  # [N, D]
+        for k in range(1, 4):
+            pos = pos + table[index[:, k]] * weight[:, k:k + 1]
+        return pos
 
 
 class Attention(nnx.Module):
@@ -142,7 +174,7 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """Qwen2-VL: fc2(act(fc1(x)))."""
+    """Qwen2-VL / Qwen3-VL / Qwen3.5: fc2(act(fc1(x))) (HF's Qwen3 `linear_fc1` / `linear_fc2`)."""
 
     def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
         self.act = activation(cfg.hidden_act)
@@ -173,7 +205,7 @@ class Block(nnx.Module):
         self.norm1 = Norm(cfg.width, cfg)
         self.attn = Attention(cfg, num, rngs=rngs)
         self.norm2 = Norm(cfg.width, cfg)
-        self.mlp = (SwiGLU if cfg.variant == QWEN2_5_VL else MLP)(cfg, num, rngs=rngs)
+        self.mlp = (SwiGLU if cfg.mlp == "swiglu" else MLP)(cfg, num, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, plan: Plan, *, full: bool) -> jax.Array:
         x = x + self.attn(self.norm1(x), cos, sin, plan, full=full)
@@ -181,18 +213,25 @@ class Block(nnx.Module):
 
 
 class PatchMerger(nnx.Module):
-    """norm, then each merge unit's merge_unit rows concatenated -> fc1 -> GELU (erf) -> fc2."""
+    """norm, then each merge unit's merge_unit rows concatenated -> fc1 -> GELU (erf) -> fc2.
 
-    def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
+    postshuffle (Qwen3-VL's deepstack mergers): concatenate first, then the norm over the
+    merge_unit * width row (its parameters are [4D], not [D])."""
+
+    def __init__(self, cfg: VisionConfig, num: Numerics, *, postshuffle: bool = False, rngs: nnx.Rngs):
         self.merge_unit = cfg.merge_unit
-        self.norm = Norm(cfg.width, cfg)
+        self.postshuffle = postshuffle
         hidden = cfg.width * cfg.merge_unit
+        self.norm = Norm(hidden if postshuffle else cfg.width, cfg)
         self.fc1 = Linear(hidden, hidden, num, rngs=rngs)
         self.fc2 = Linear(hidden, cfg.out_dim, num, rngs=rngs)
 
     def __call__(self, x):
         n, d = x.shape
-        x = self.norm(x).reshape(n // self.merge_unit, self.merge_unit * d)  # [N, D] -> [N/4, 4D]
+        if self.postshuffle:
+            x = self.norm(x.reshape(n // self.merge_unit, self.merge_unit * d))  # [N, D] -> [N/4, 4D]
+        else:
+            x = self.norm(x).reshape(n // self.merge_unit, self.merge_unit * d)  # [N, D] -> [N/4, 4D]
         # XLA's CPU dot sums in another order below ~60 rows; padding small buckets to 64 merged
         # rows keeps every token's result independent of the bucket it landed in.
         rows = max(n // self.merge_unit, MIN_DOT_ROWS)
@@ -207,11 +246,13 @@ class VisionTransformer(nnx.Module):
     """The vision tower. Blocks are stacked (every parameter has a leading [depth] axis) and
     run under lax.scan (over the periods of the window / full layer pattern, and inside a
     period over each run of same-kind layers: `layer_schedule`), so the program size and
-    compile time do not grow with depth."""
+    compile time do not grow with depth. Qwen3-VL's deepstack mergers are stacked the same way
+    ([K] leading axis, row k for `cfg.deepstack_layers[k]`)."""
 
     def __init__(self, cfg: VisionConfig, num: Numerics = Numerics(), *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg, num, rngs=rngs)
+        self.pos_embed = PosEmbed(cfg, rngs=rngs) if cfg.num_position_embeddings else None
 
         @nnx.split_rngs(splits=cfg.depth)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -221,26 +262,40 @@ class VisionTransformer(nnx.Module):
         self.blocks = make_blocks(rngs)
         self.merger = PatchMerger(cfg, num, rngs=rngs)
 
+        @nnx.split_rngs(splits=cfg.num_deepstack)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make_deepstack(rngs):
+            return PatchMerger(cfg, num, postshuffle=True, rngs=rngs)
+
+        self.deepstack = make_deepstack(rngs) if cfg.num_deepstack else None
+
     def __call__(
-        self, pixels: jax.Array, plan: Plan, *, hidden_states: bool = False, remat: bool = False,
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        self, pixels: jax.Array, plan: Plan, *, hidden_states: bool = False, deepstack: bool = False,
+        remat: bool = False,
+    ) -> jax.Array | tuple:
         """Args:
           pixels: [N, patch_dim] with N = plan.bucket.patches (rows >= the real count are padding:
             `plan.take(pixel_values)` builds this).
           plan: the chunk's `Plan` (host arrays, device arrays or tracers: only its shapes and its
             bucket are static).
-          hidden_states: also return the patch embeddings and the residual stream after every
-            block, rows in the original order (HF's output_hidden_states; Qwen2.5-VL's HF states
-            are window-permuted, these are not).
+          hidden_states: also return the patch embeddings (plus the position embedding, for
+            Qwen3) and the residual stream after every block, rows in the original order (HF's
+            output_hidden_states; Qwen2.5-VL's HF states are window-permuted, these are not).
+          deepstack: also return Qwen3-VL's deepstack features (HF's `deepstack_features`): one
+            [N / merge_unit, out_dim] array per entry of cfg.deepstack_layers, in that order; an
+            empty list for towers without deepstack mergers.
           remat: recompute each block's activations in the backward pass (jax.checkpoint per
             block): the same values and gradients with less memory for training.
         Returns:
-          out: [N / merge_unit, out_dim] float32, rows in the original order;
-          with hidden_states, (out, hidden) with hidden [depth + 1, N, width] float32.
+          out: [N / merge_unit, out_dim] float32 (HF's pooler_output), rows in the original order;
+          with extras, a tuple (out, hidden) / (out, features) / (out, hidden, features), where
+          hidden is [depth + 1, N, width] float32 and features a list of [N / merge_unit, out_dim].
         """
         cfg = self.cfg
         plan = jax.tree.map(jnp.asarray, plan)  # a closed-over host plan becomes constants
         x = self.patch_embed(pixels)  # [N, D] float32
+        if self.pos_embed is not None:  # added once, before the rotary and block 0 (as HF)
+            x = x + self.pos_embed(plan.pos_embed_index, plan.pos_embed_weight)  # [N, D]
         cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
         graphdef, stacked = nnx.split(self.blocks)
 
@@ -272,12 +327,45 @@ class VisionTransformer(nnx.Module):
         # Every loop indexes the stacked weights in place: one layer's slice at a time, never a
         # copy of a whole run (a sliced scan operand would be one).
         x0 = x
-        x, states = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D], [groups, period, N, D]
+        features = []
+        if deepstack and cfg.num_deepstack:
+            # A tap needs the residual stream after its block: one scan per stretch of layers
+            # between taps (static cuts; the taps' features are computed as soon as they exist,
+            # so no per-layer stack is kept). Only with deepstack: plain calls keep one scan.
+            ds_graphdef, ds_stacked = nnx.split(self.deepstack)
+            chunks, start = [], 0
+            for full, length in tap_schedule(cfg.full_attention_layers, cfg.deepstack_layers):
+                x, ys = run(x, start, full, length)
+                chunks.append(ys)
+                start += length
+                if start - 1 in cfg.deepstack_layers:
+                    k = cfg.deepstack_layers.index(start - 1)
+                    merger = nnx.merge(ds_graphdef, jax.tree.map(lambda a, k=k: a[k], ds_stacked))
+                    features.append(merger(x))  # [N / merge_unit, out_dim]
+            states = jnp.concatenate(chunks) if hidden_states else None  # [depth, N, D]
+        else:
+            x, states = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D], [groups, period, N, D]
+            if hidden_states:
+                states = states.reshape(cfg.depth, *x.shape)  # [groups, period, N, D] -> [depth, N, D]
         out = self.merger(x)  # [N / merge_unit, out_dim]
-        if not hidden_states:
-            return out
-        states = states.reshape(cfg.depth, *x.shape)  # [groups, period, N, D] -> [depth, N, D]
-        return out, jnp.concatenate([x0[None], states])  # [depth + 1, N, D]
+        extras = []
+        if hidden_states:
+            extras.append(jnp.concatenate([x0[None], states]))  # [depth + 1, N, D]
+        if deepstack:
+            extras.append(features)
+        return (out, *extras) if extras else out
+
+
+def tap_schedule(layers: tuple[bool, ...], taps: tuple[int, ...]) -> list[tuple[bool, int]]:
+    """The layers as runs (full, length) of one attention kind each, also cut after every tap, so
+    that each tap ends a run. (12 full layers, taps (3, 7)): [(True, 4), (True, 4), (True, 4)]."""
+    runs: list[tuple[bool, int]] = []
+    for i, full in enumerate(layers):
+        if runs and runs[-1][0] == full and i - 1 not in taps:
+            runs[-1] = (full, runs[-1][1] + 1)
+        else:
+            runs.append((full, 1))
+    return runs
 
 
 def layer_schedule(layers: tuple[bool, ...]) -> tuple[list[tuple[bool, int]], int]:

@@ -1,4 +1,5 @@
-"""Image / video preprocessing for the Qwen2-VL / Qwen2.5-VL vision tower (numpy + PIL only).
+"""Image / video preprocessing for the Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision towers
+(numpy + PIL only).
 
 A re-implementation of transformers' `Qwen2VLImageProcessorPil` (what `Qwen2VLImageProcessor`
 falls back to without torchvision), checked bit-for-bit against it in the tests:
@@ -6,6 +7,10 @@ falls back to without torchvision), checked bit-for-bit against it in the tests:
   convert to RGB -> smart_resize to multiples of patch * merge (28) within [min_pixels, max_pixels]
   -> PIL resize (BICUBIC) on uint8 -> rescale 1/255 -> normalise with CLIP mean / std
   -> patchify into rows ordered merge-unit-major, each row (C, T, ph, pw) flattened.
+
+Qwen3-VL and Qwen3.5 use the same HF image processor with other settings: patch 16 (factor 32),
+mean = std = 0.5, and the pixel range given as `size` = {shortest_edge, longest_edge} in their
+preprocessor_config.json (`QWEN3_VL_PREPROCESS` holds the hub's values; `from_hf` reads the file).
 
 Rescale and normalise use HF's exact float64 / float32 arithmetic, so pixel_values are
 bit-identical to HF's, not just close. Patches are shuffled while still uint8 and an image is
@@ -147,6 +152,13 @@ class PreprocessConfig:
             return cls(**kw)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+
+
+# The hub's Qwen3-VL preprocessor_config.json (Qwen3.5 ships the same image settings):
+# {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16,
+#  "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+QWEN3_VL_PREPROCESS = PreprocessConfig(min_pixels=65536, max_pixels=16777216, patch_size=16,
+                                       image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
 
 
 def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,

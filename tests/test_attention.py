@@ -29,7 +29,8 @@ def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=
     tokens = np.zeros((0, 0), np.int32) if tokens is None else tokens
     bucket = planlib.Bucket(n, tokens.shape[0], key_blocks, block, tiles.shape[1], tokens.shape[1])
     return planlib.Plan(bucket, np.zeros((n, 2), np.int32), seg, tokens, tokens if ids is None else ids,
-                        np.zeros(n, np.int32) if slot is None else slot, *tiles, np.array([0, n, n], np.int32))
+                        np.zeros(n, np.int32) if slot is None else slot, *tiles, np.array([0, n, n], np.int32),
+                        np.zeros((0, 4), np.int32), np.zeros((0, 4), np.float32))
 
 
 def tile_table(lengths, n, block, key_blocks, spare):

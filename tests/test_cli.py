@@ -336,3 +336,29 @@ def test_demo(tmp_path):
         assert im.format == "PNG" and im.mode == "RGB" and im.width > 400
     assert (tmp_path / "cache" / "demo-tiny" / "converted" / "params.safetensors").is_file()
     assert not (tmp_path / "unused").exists()
+
+
+def test_demo_variant_qwen3_vl(tmp_path, capsys):
+    """--variant qwen3-vl: the demo runs (without torch) on a random Qwen3-VL checkpoint in its own
+    cache folder, with the hub's Qwen3 preprocessor; `verify` checks it against HF's Qwen3-VL
+    tower; sizes a variant lacks are a clean error."""
+    from qwen_vit_jax.convert import load_converted
+    from qwen_vit_jax.demo import TINY_QWEN3_VL, demo_config, prepare_checkpoint
+    from qwen_vit_jax.preprocess import QWEN3_VL_PREPROCESS, PreprocessConfig
+
+    out = tmp_path / "demo.png"
+    p = run("demo", "--variant", "qwen3-vl", "--cache-dir", tmp_path, "--out", out)  # no torch
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "qwen3_vl" in p.stdout and "compile count still 1" in p.stdout and out.is_file()
+    ours = prepare_checkpoint("tiny", tmp_path, log=lambda *_: None, variant="qwen3-vl")  # cached
+    assert ours == tmp_path / "demo-qwen3-vl-tiny" / "converted"
+    assert load_converted(ours)[0] == TINY_QWEN3_VL and TINY_QWEN3_VL.num_deepstack == 2
+    assert PreprocessConfig.from_hf(ours) == QWEN3_VL_PREPROCESS
+    rc, out, err = main(capsys, "verify", ours.parent / "hf", ours)  # HF's Qwen3-VL tower as the reference
+    assert rc == 0, err
+    assert "qwen3_vl vision tower" in out and out.rstrip().endswith("PASS")
+    assert demo_config("qwen2.5-vl", "full") == demo_config("qwen2.5-vl", "3b")
+    with pytest.raises(ValueError, match="size must be one of"):
+        demo_config("qwen3-vl", "3b")
+    rc, _, err = main(capsys, "demo", "--variant", "qwen3-vl", "--size", "3b", "--cache-dir", tmp_path)
+    assert_clean_error(rc, err, "'3b'")

@@ -99,7 +99,9 @@ def check_plan(plan, grid, cfg, policy):
     assert [a.shape for a in arrays] == [a.shape for a in jax.tree.leaves(abstract)]
     assert bk.window_rows == cfg.window_patches and plan.window_tokens.shape == (bk.windows, cfg.window_patches)
     assert plan.tile_block.shape == (bk.tiles,)
-    assert all(a.dtype == np.int32 and not a.flags.writeable for a in arrays)
+    assert [a.dtype for a in arrays] == [a.dtype for a in jax.tree.leaves(abstract)]
+    assert all(a.dtype == (np.float32 if k == "pos_embed_weight" else np.int32) and not a.flags.writeable
+               for k, a in zip(Plan.ARRAYS, arrays))
     assert not plan.grid_thw.flags.writeable
 
     np.testing.assert_array_equal(plan.pos_ids[:n], rotary_ids(grid, cfg))
@@ -576,7 +578,7 @@ def test_make_plans_matches_make_plan(name, cfg):
         ref = make_plan(chunk, cfg)
         np.testing.assert_array_equal(plan.grid_thw, chunk)
         assert plan.bucket == ref.bucket and plan.n_patches == ref.n_patches
-        for key in Plan.ARRAYS[:-1]:  # all but span: the chunk's rows in the request
+        for key in (k for k in Plan.ARRAYS if k != "span"):  # span: the chunk's rows in the request
             np.testing.assert_array_equal(getattr(plan, key), getattr(ref, key))
     if name == "ten_jittered":
         for plan, chunk in zip(plans, chunks):

@@ -346,3 +346,36 @@ def test_video_bad_input():
         preprocess_video(rand_img(100, 100))
     with pytest.raises(TypeError):
         preprocess_video(Image.fromarray(rand_img(100, 100)))
+
+
+# ---- Qwen3-VL / Qwen3.5 ------------------------------------------------------------------------------
+HUB_QWEN3_VL_CONFIG = {
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+
+
+def test_qwen3_vl_hub_config_matches_hf(tmp_path):
+    """The hub's Qwen3-VL preprocessor_config.json: patch 16 (factor 32), mean / std 0.5, the pixel
+    budget as `size`; HF's processor configured from the same file is the reference."""
+    from qwen_vit_jax.preprocess import QWEN3_VL_PREPROCESS
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(HUB_QWEN3_VL_CONFIG))
+    cfg = PreprocessConfig.from_hf(tmp_path)
+    assert cfg == QWEN3_VL_PREPROCESS
+    assert (cfg.factor, cfg.patch_dim, cfg.min_pixels, cfg.max_pixels) == (32, 1536, 65536, 16777216)
+    hf = hf_proc(**{k: v for k, v in HUB_QWEN3_VL_CONFIG.items() if not k.endswith("_type")
+                    and k != "processor_class"})
+    assert hf.to_dict()["size"] == HUB_QWEN3_VL_CONFIG["size"] and hf.patch_size == 16
+    images = [rand_img(100, 150, seed=20),  # below min_pixels: scaled up
+              rand_img(333, 517, seed=21), rand_img(1024, 768, seed=22), rand_img(40, 1900, seed=23)]
+    ours = preprocess_images(images, config=cfg)
+    assert_same(ours, hf_run(hf, images))
+    assert ours[0].shape[1] == 1536 and (ours[1][:, 1:] % 2 == 0).all()
+    assert (ours[1][:, 1:] * 16 % 32 == 0).all()
+    # the pixel budget as `size` also overrides like HF when passed at call time
+    small = preprocess_images(images[2], max_pixels=200_000, config=cfg)
+    assert_same(small, hf_run(hf_proc(**dict(HUB_QWEN3_VL_CONFIG, size={"shortest_edge": 65536,
+                                                                         "longest_edge": 200_000})),
+                              images[2]))

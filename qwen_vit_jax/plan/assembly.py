@@ -17,13 +17,17 @@ import weakref
 import numpy as np
 
 from ..config import VisionConfig
-from . import kernels
+from . import kernels, posembed
 from .buckets import Bucket, BucketPolicy, split, typical_windows, worst_windows
 from .contract import Plan
 from .reference import validate_grid
 
 PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
 _EMPTY = np.empty(0, np.int32)
+_NO_POS_INDEX = np.zeros((0, 4), np.int32)  # towers without a position table
+_NO_POS_WEIGHT = np.zeros((0, 4), np.float32)
+_NO_POS_INDEX.setflags(write=False)
+_NO_POS_WEIGHT.setflags(write=False)
 
 
 class BufferPool:
@@ -145,12 +149,18 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)
     tiles = buf[slot_end:tiles_end].reshape(5, n_tiles)
     tokens, ids = buf[tiles_end:tokens_end].reshape(w_pad, s), buf[tokens_end:size].reshape(w_pad, s)
+    if cfg.num_position_embeddings:  # Qwen3: the table's resampling (posembed caches it by grid too)
+        pe_rows = n_pad
+        pe_index, pe_weight = posembed.interpolation_indices_weights(g, cfg, rows=n_pad)
+    else:
+        pe_rows, pe_index, pe_weight = 0, _NO_POS_INDEX, _NO_POS_WEIGHT
     return Plan(bucket=Bucket(patches=n_pad, windows=w_pad, key_blocks=kb, block=block, tiles=n_tiles,
-                              window_rows=s),
+                              window_rows=s, pos_embed_rows=pe_rows),
                 pos_ids=buf[:pos_end].reshape(n_pad, 2), segment_ids=buf[pos_end:seg_end], window_tokens=tokens,
                 window_ids=ids, window_slot=buf[seg_end:slot_end], tile_block=tiles[0],
                 tile_first_frame=tiles[1], tile_last_frame=tiles[2], tile_key_start=tiles[3],
-                tile_key_count=tiles[4], span=_span(0, n, n), grid_thw=_read_only(g))
+                tile_key_count=tiles[4], span=_span(0, n, n), pos_embed_index=pe_index,
+                pos_embed_weight=pe_weight, grid_thw=_read_only(g))
 
 
 def _span(offset: int, n: int, total: int) -> np.ndarray:

@@ -30,6 +30,7 @@ class Bucket:
     block: int  # rows per query / key block of full attention (a multiple of 4, divides patches)
     tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
     window_rows: int = 0  # S: rows per window slot (cfg.window_patches; 0 without a window size)
+    pos_embed_rows: int = 0  # rows of the position-table plan: `patches` with a learned table (Qwen3), else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,11 +17,12 @@ from .buckets import Bucket
 class Plan:
     """One chunk of a request, planned for the device: the host-to-device contract of the forward.
 
-    A registered JAX pytree. Its leaves are the int32 index arrays below (and `span`); its static
-    metadata is the `bucket` alone, so a `jax.jit` taking a Plan compiles once per bucket, whatever
-    the grid; `jax.device_put(plan)` moves every array in one call; `Plan.abstract(bucket)` is the
-    shape-only plan of a bucket, for ahead-of-time compiles. Host arrays are read-only (plans are
-    shared through the cache). N = n_patches, N_pad = bucket.patches, B = bucket.block,
+    A registered JAX pytree. Its leaves are the arrays below (int32 indices and `span`; the
+    position table's weights are float32); its static metadata is the `bucket` alone, so a
+    `jax.jit` taking a Plan compiles once per bucket, whatever the grid; `jax.device_put(plan)`
+    moves every array in one call; `Plan.abstract(bucket)` is the shape-only plan of a bucket, for
+    ahead-of-time compiles. Host arrays are read-only (plans are shared through the cache).
+    N = n_patches, N_pad = bucket.patches, B = bucket.block,
     S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, KB = bucket.key_blocks.
 
     Rows stay in the request's original order (frames contiguous, each run of merge_unit rows one
@@ -54,10 +55,16 @@ class Plan:
     tile_key_start: np.ndarray  # int32 [T] first key block of the tile's frames
     tile_key_count: np.ndarray  # int32 [T] key blocks of the tile's frames (0..KB)
     span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
+    # The learned position table's bilinear resampling (Qwen3-VL / Qwen3.5, posembed.py): per row 4
+    # table rows and their weights; padding rows index 0, weight 0. P = bucket.pos_embed_rows
+    # (N_pad with a table, 0 without: the tree has the same leaves for every config).
+    pos_embed_index: np.ndarray  # int32 [P, 4] rows of the flattened [side * side, D] table
+    pos_embed_weight: np.ndarray  # float32 [P, 4]
     grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
 
     ARRAYS = ("pos_ids", "segment_ids", "window_tokens", "window_ids", "window_slot", "tile_block",
-              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span")
+              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span",
+              "pos_embed_index", "pos_embed_weight")
 
     @classmethod
     def abstract(cls, bucket: Bucket) -> Plan:
@@ -65,8 +72,10 @@ class Plan:
         n, t, w, s = bucket.patches, bucket.tiles, bucket.windows, bucket.window_rows
         shapes = dict(pos_ids=(n, 2), segment_ids=(n,), window_tokens=(w, s), window_ids=(w, s), window_slot=(n,),
                       tile_block=(t,), tile_first_frame=(t,), tile_last_frame=(t,), tile_key_start=(t,),
-                      tile_key_count=(t,), span=(3,))
-        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.int32) for k, v in shapes.items()})
+                      tile_key_count=(t,), span=(3,), pos_embed_index=(bucket.pos_embed_rows, 4),
+                      pos_embed_weight=(bucket.pos_embed_rows, 4))
+        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.float32 if k == "pos_embed_weight" else np.int32)
+                                     for k, v in shapes.items()})
 
     @property
     def offset(self) -> int:
