@@ -28,7 +28,7 @@ from qwen_vit_jax import cost
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.config import VisionConfig, dtype_named
-from qwen_vit_jax.model import abstract_model, fill_state
+from qwen_vit_jax.model import abstract_model, as_bits, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
 
@@ -106,7 +106,7 @@ class VisionEncoder:
         self._tight_buckets: set[planlib.Bucket] = set()
         self._seen_lock = threading.Lock()
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
-        self._state = fill_state(abstract, params, self.num, self.device)
+        self._state = as_bits(fill_state(abstract, params, self.num, self.device))
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
         # Held while compiling: two threads asking for the same new bucket compile it once.
         self._compile_lock = threading.Lock()

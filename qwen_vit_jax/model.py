@@ -300,7 +300,7 @@ class VisionTransformer(nnx.Module):
         graphdef, stacked = nnx.split(self.blocks)
 
         def layer_at(x, i, full: bool):  # layer i (traced) of the stack, its kind known statically
-            state = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+            state = jax.tree.map(lambda a: from_bits(jax.lax.dynamic_index_in_dim(a, i, keepdims=False)), stacked)
             return nnx.merge(graphdef, state)(x, cos, sin, plan, full=full)
 
         if remat:
@@ -418,6 +418,23 @@ def model_from_params(cfg: VisionConfig, params: dict[str, np.ndarray], num: Num
     scales and biases stay float32."""
     graphdef, abstract = nnx.split(abstract_model(cfg, num))
     return nnx.merge(graphdef, fill_state(abstract, params, num, device or jax.devices()[0]))
+
+
+def as_bits(state: nnx.State) -> nnx.State:
+    """`state` with the stacked bfloat16 block weights held as their uint16 bits (`from_bits` turns
+    each layer's slice back, exactly). For inference: XLA's CPU backend otherwise converts every
+    stacked bf16 array to a float32 copy at the start of each forward (627M values for the 3B
+    tower, measured 18% of its bf16 forward; benchmarks/bench_profile.py `stack`, `u16`); bits
+    are only sliced. Not differentiable: train on the bf16 state itself."""
+    def bits(path, a):
+        return (jax.lax.bitcast_convert_type(a, jnp.uint16)
+                if path[0].key == "blocks" and a.dtype == jnp.bfloat16 else a)
+    return jax.tree_util.tree_map_with_path(bits, state)
+
+
+def from_bits(a: jax.Array) -> jax.Array:
+    """A weight slice back from `as_bits`' uint16 bits to bfloat16 (a reinterpretation, no rounding)."""
+    return jax.lax.bitcast_convert_type(a, jnp.bfloat16) if a.dtype == jnp.uint16 else a
 
 
 def fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numerics, device: jax.Device) -> nnx.State:

@@ -228,3 +228,22 @@ def test_tight_rows():
         assert -(-rows // tight.block) == -(-n // tight.block)  # as many blocks as n needs
     with pytest.raises(ValueError, match="tight"):
         qvj.BucketPolicy(tight=1)
+
+
+def test_bf16_weight_stacks_held_as_bits_are_exact():
+    """The encoder holds bf16 block stacks as uint16 bits (model.as_bits): the forward reads them
+    back exactly, so its tokens equal the plain bf16 model's."""
+    from qwen_vit_jax.model import from_bits
+
+    cfg = TINY25
+    enc = qvj.VisionEncoder(cfg, random_params(cfg), dtype="bfloat16", tight_after=None)
+    flat = dict(nnx.to_flat_state(enc._state))
+    assert flat[("blocks", "mlp", "up", "kernel")].dtype == np.uint16
+    assert flat[("patch_embed", "kernel")].dtype == jax.numpy.bfloat16  # not stacked: as it is
+    plain = jax.tree.map(from_bits, enc._state)
+    grid = [[1, 8, 12], [2, 4, 4]]
+    px = pixels(cfg, grid)
+    (plan,) = qvj.make_plans(grid, cfg)
+    tokens, _ = jax.jit(enc._forward)(plain, plan.take(px, jax.numpy.bfloat16), plan)  # (tokens, deepstack)
+    ref = plan.unpad(np.asarray(tokens))
+    np.testing.assert_array_equal(enc.encode(px, grid), ref)
