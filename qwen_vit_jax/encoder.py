@@ -8,6 +8,11 @@ frame boundaries into chunks that fill buckets well), pad pixels to each bucket,
 pixels and plans on the device in one `jax.device_put`, run each bucket's compiled
 program (compiled once, ahead of time, from shapes only) and fetch the results. Nothing
 is copied back before that fetch; the forward has no host callbacks.
+
+With `devices=[...]` (several local devices) the frames of a call are balanced across a
+`jax.sharding.Mesh` instead (devices.py): every device runs the same bucket, the parameters are
+replicated, one `shard_map` program per bucket serves the mesh, and the results come back in
+request order.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from qwen_vit_jax import cost
+from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.config import VisionConfig
@@ -63,7 +71,9 @@ class VisionEncoder:
       dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
         accumulation, residual stream and softmax).
       policy: the bucket ladder (plan.BucketPolicy).
-      device: where to run (default: jax.devices()[0]).
+      device: where to run (default: this process's first device, jax.local_devices()[0]).
+      devices: several local devices to share the work (frames balanced across them, largest
+        first; parameters replicated on each). Exclusive with `device`; one device is `device`.
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
       max_batch_patches: encode_images packs images into calls of at most this many patches.
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
@@ -79,6 +89,7 @@ class VisionEncoder:
         dtype: str = "float32",
         policy: planlib.BucketPolicy | None = None,
         device: jax.Device | None = None,
+        devices: list[jax.Device] | None = None,
         preprocess: PreprocessConfig | None = None,
         max_batch_patches: int = 16384,
         compilation_cache_dir: str | os.PathLike | None = None,
@@ -86,13 +97,20 @@ class VisionEncoder:
         if compilation_cache_dir is not None:
             enable_compilation_cache(compilation_cache_dir)
         self.cfg = cfg
-        self.device = device or jax.devices()[0]
+        if devices is not None and device is not None:
+            raise ValueError("pass either device= or devices=, not both")
+        self.devices = _check_devices(devices) if devices is not None else [device or jax.local_devices()[0]]
+        self.device = self.devices[0]
+        # The data axis of several devices; None for one (the single-device path, unchanged).
+        self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
-        self._state = fill_state(abstract, params, self.num, self.device)
+        # Several devices: replicated (every device holds all parameters), placed in one go.
+        where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
+        self._state = fill_state(abstract, params, self.num, where)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
         self.compile_seconds: dict[planlib.Bucket, float] = {}
         self._flops: dict[planlib.Bucket, float] = {}
@@ -135,12 +153,24 @@ class VisionEncoder:
           float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output`, all inputs
           concatenated in order.
         """
+        if self.mesh is not None:
+            return self._encode_mesh(pixel_values, grid_thw, check_finite)
         plans, pixels = self._prepare(pixel_values, grid_thw, check_finite)
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
         return np.concatenate([p.unpad(np.asarray(o), self.cfg.merge_unit) for p, o in zip(plans, outs)])
+
+    def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
+        """encode on several devices: frames balanced over the mesh, one program call per step
+        (devices.py), all steps' inputs in one transfer, results put back in request order."""
+        steps = devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))  # validates grid_thw
+        px = self._pixels(pixel_values, grid_thw, check_finite)
+        shards = NamedSharding(self.mesh, P("data"))  # leading [D] axis of every input, one slice per device
+        inputs = jax.device_put([(s.take(px, self._host_dtype), s.plan) for s in steps], shards)
+        outs = [self._program(p.bucket)(self._state, x, p) for x, p in inputs]  # [D, N_pad / mu, out]
+        return np.concatenate([np.asarray(o).reshape(-1, o.shape[-1])[s.gather] for s, o in zip(steps, outs)])
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
@@ -178,17 +208,26 @@ class VisionEncoder:
         """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
         buckets = []
         for g in grids:
-            for plan in planlib.make_plans(g, self.cfg, self.policy):
-                self._program(plan.bucket)
-                buckets.append(plan.bucket)
+            for bucket in self._buckets(g):
+                self._program(bucket)
+                buckets.append(bucket)
         return buckets
 
     # ---- internals -----------------------------------------------------------------------
     def _prepare(self, pixel_values, grid_thw, check_finite: bool = True):
         """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
         (plans, [padded pixels per plan])."""
+        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        px = self._pixels(pixel_values, grid_thw, check_finite)
+        return plans, [p.take(px, self._host_dtype) for p in plans]
+
+    @property
+    def _host_dtype(self):
+        return np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
+
+    def _pixels(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
+        """pixel_values as a checked [N, patch_dim] array for a validated grid_thw."""
         cfg = self.cfg
-        plans = planlib.make_plans(grid_thw, cfg, self.policy)  # validates grid_thw
         px = np.asarray(pixel_values)
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, {cfg.patch_dim}], got shape {px.shape}")
@@ -200,36 +239,45 @@ class VisionEncoder:
             )
         if not (np.issubdtype(px.dtype, np.floating) or np.issubdtype(px.dtype, np.integer)):
             raise ValueError(f"pixel_values must be numeric, got dtype {px.dtype}")
-        if px.shape[0] != plans[0].request_patches:
-            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies "
-                             f"sum(t*h*w) = {plans[0].request_patches}")
+        rows = int(np.prod(np.asarray(grid_thw, np.int64), axis=1).sum())
+        if px.shape[0] != rows:
+            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {rows}")
         if check_finite:
             check_finite_rows(px, grid_thw)
-        host_dtype = np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
-        return plans, [p.take(px, host_dtype) for p in plans]
+        return px
 
     def cost_report(self, grid_thw) -> dict:
         """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
 
-        Returns a dict with `buckets` (one per chunk the request is split into), `compiled_flops`
-        (XLA's cost analysis of those programs), `ideal_flops` (analytic: the same tower on the
-        real rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes`
-        (the compiled programs' largest temp allocation), `patches` and `padded_patches`.
+        Returns a dict with `buckets` (one per chunk the request is split into; on several devices
+        one per mesh step, each run by every device), `compiled_flops` (XLA's cost analysis of
+        those programs, summed over devices), `ideal_flops` (analytic: the same tower on the real
+        rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes` (the
+        compiled programs' largest temp allocation, per device), `patches` and `padded_patches`
+        (summed over devices).
         """
-        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
-        compiled = sum(self._compiled_flops(p.bucket) for p in plans)
-        frames, windows = planlib.segment_lengths(np.concatenate([p.grid_thw for p in plans]), self.cfg)
+        g = planlib.validate_grid(grid_thw, self.cfg)
+        buckets = self._buckets(g)
+        copies = len(self.devices)  # 1 without a mesh: every device runs every step's bucket
+        compiled = copies * sum(self._compiled_flops(b) for b in buckets)
+        frames, windows = planlib.segment_lengths(g, self.cfg)
         ideal = cost.ideal_flops(self.cfg, frames, windows)
-        temp = max(self._program(p.bucket).memory_analysis().temp_size_in_bytes for p in plans)
+        temp = max(self._program(b).memory_analysis().temp_size_in_bytes for b in buckets)
         return {
-            "buckets": [dataclasses.asdict(p.bucket) for p in plans],
-            "patches": sum(p.n_patches for p in plans),
-            "padded_patches": sum(p.bucket.patches for p in plans),
+            "buckets": [dataclasses.asdict(b) for b in buckets],
+            "patches": int(np.prod(g, axis=1).sum()),
+            "padded_patches": copies * sum(b.patches for b in buckets),
             "compiled_flops": compiled,
             "ideal_flops": ideal,
             "flops_ratio": compiled / ideal,
             "temp_bytes": int(temp),
         }
+
+    def _buckets(self, grid_thw) -> list[planlib.Bucket]:
+        """The bucket of each program call a request makes (a chunk, or a mesh step)."""
+        if self.mesh is None:
+            return [p.bucket for p in planlib.make_plans(grid_thw, self.cfg, self.policy)]
+        return [s.plan.bucket for s in devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))]
 
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
         if bucket not in self._flops:
@@ -242,13 +290,49 @@ class VisionEncoder:
         if program is None:
             t0 = time.perf_counter()
             specs = _input_specs(self.cfg, bucket, self.dtype)
-            program = jax.jit(self._forward).lower(self._state, *specs).compile()
+            if self.mesh is None:
+                program = jax.jit(self._forward).lower(self._state, *specs).compile()
+            else:
+                program = self._mesh_forward(specs)
             self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
         return program
 
     def _forward(self, state, pixels, plan):
         return nnx.merge(self._graphdef, state)(pixels, plan)
+
+    def _mesh_forward(self, specs: tuple[jax.ShapeDtypeStruct, planlib.Plan]) -> jax.stages.Compiled:
+        """The program of one bucket on the mesh: `shard_map` runs the single-device forward on
+        each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the replicated
+        parameters; no collective, so devices never wait for each other inside a step."""
+        data = P("data")
+
+        def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> [1, N_pad / mu, out]
+            return self._forward(state, pixels[0], jax.tree.map(lambda a: a[0], plan))[None]
+
+        fn = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), data, data), out_specs=data)
+        sharding, d = NamedSharding(self.mesh, data), len(self.devices)
+        stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
+        return jax.jit(fn).lower(self._state, *stacked).compile()
+
+
+def _check_devices(devices) -> list[jax.Device]:
+    """`devices` as a list of distinct devices of this process (a mesh spans local devices only:
+    several hosts each run their own encoder on their own inputs)."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices= is empty: give at least one device (e.g. jax.local_devices())")
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise ValueError(f"devices= must hold jax.Device objects, got {devices!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices= holds a device twice: {devices}")
+    me = jax.process_index()
+    if foreign := [d for d in devices if d.process_index != me]:
+        raise ValueError(f"devices= holds devices of other processes {foreign}; an encoder runs on this "
+                         f"process's devices (jax.local_devices()); split the inputs across processes")
+    if len({d.platform for d in devices}) > 1:
+        raise ValueError(f"devices= mixes platforms: {devices}")
+    return devices
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
