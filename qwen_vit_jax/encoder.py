@@ -35,6 +35,7 @@ from qwen_vit_jax import cost
 from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
+from qwen_vit_jax.batching import pack
 from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model import abstract_model, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
@@ -191,17 +192,10 @@ class VisionEncoder:
     def _encode_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Encode (pixel_values, grid_thw) items, packing consecutive ones into calls of at
         most max_batch_patches patches (a larger item runs alone)."""
-        out, batch, size = [], [], 0
-        for item in [*items, None]:
-            n = 0 if item is None else len(item[0])
-            if batch and (item is None or size + n > self.max_batch_patches):
-                emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
-                cuts = np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]
-                out.extend(np.split(emb, cuts))
-                batch, size = [], 0
-            if item is not None:
-                batch.append(item)
-                size += n
+        out = []
+        for batch in pack(items, self.max_batch_patches, lambda item: len(item[0])):
+            emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
+            out.extend(np.split(emb, np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]))
         return out
 
     def warmup(self, grids) -> list[planlib.Bucket]:
