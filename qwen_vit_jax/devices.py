@@ -5,12 +5,13 @@ merger is per 2x2 patch group), so a request splits across D devices at frame bo
 traffic between them. The host plans it as a list of `Step`s; each step is one call of one
 compiled program on the whole mesh:
 
-  * rounds: a request of at most D * policy.max_patches rows is one round; a larger one is cut at
-    frame boundaries into rounds of at most that many rows (`plan.split_grid` with the budget
-    scaled by D; a single frame larger than that is a round of its own);
+  * rounds: the frames are cut into consecutive rounds so that no device gets more than
+    policy.max_patches rows in a round (unless it holds a single larger frame), choosing among a
+    few round counts the one that pads least (`_rounds`);
   * in a round, frames go to devices largest first, each to the device with the fewest rows so
-    far (LPT; ties to the lower device), and keep their request order on their device; a device
-    left without a frame gets a 2x2-patch placeholder frame whose output is dropped;
+    far, earlier rounds included (LPT; ties to the lower device), and keep their request order on
+    their device; a device left without a frame gets a 2x2-patch placeholder frame whose output
+    is dropped;
   * every device's frames are planned with the same patch count (the rung of the busiest
     device's rows) and the plans padded to one bucket: the most window slots, tiles and key
     blocks of any of them (an extra slot is empty, an extra tile is the documented empty tile,
@@ -64,15 +65,16 @@ class Step:
         return out
 
 
-def balance(sizes: np.ndarray, n_bins: int) -> list[list[int]]:
+def balance(sizes: np.ndarray, n_bins: int, loads: list[int] | None = None) -> list[list[int]]:
     """Assign items of `sizes` [F] to `n_bins` bins, largest first, each to the bin with the least
-    total so far (ties: the lower bin); within a bin, items in their original order.
+    total so far (ties: the lower bin); within a bin, items in their original order. `loads`:
+    the bins' totals before (earlier rounds), so that rounds even each other out.
 
     Largest-first greedy keeps max(bin) <= 4/3 of the optimum (Graham) and, for many small items,
     close to the mean. Deterministic: every process computes the same assignment.
     """
     order = np.argsort(-np.asarray(sizes, np.int64), kind="stable")  # [F] largest first, ties by index
-    heap = [(0, b) for b in range(n_bins)]
+    heap = [(0 if loads is None else int(loads[b]), b) for b in range(n_bins)]
     bins: list[list[int]] = [[] for _ in range(n_bins)]
     for i in order.tolist():
         load, b = heapq.heappop(heap)
@@ -84,22 +86,15 @@ def balance(sizes: np.ndarray, n_bins: int) -> list[list[int]]:
 def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devices: int) -> list[Step]:
     """The mesh steps of a request over `n_devices` devices (see the module docstring)."""
     g = planlib.validate_grid(grid_thw, cfg)  # int64 [k, 3]
-    t, hw = g[:, 0], g[:, 1] * g[:, 2]
+    t = g[:, 0]
     frame_h, frame_w = np.repeat(g[:, 1], t), np.repeat(g[:, 2], t)  # [F] each
     size = frame_h * frame_w  # [F] rows per frame
     start = np.concatenate([[0], np.cumsum(size)[:-1]])  # [F] first request row of each frame
-    total = int(hw @ t)
-    if total <= n_devices * policy.max_patches:
-        rounds = [(0, len(size))]
-    else:
-        wide = dataclasses.replace(policy, max_patches=n_devices * policy.max_patches)
-        counts = [int(c[:, 0].sum()) for c in planlib.split_grid(g, cfg, wide)]
-        ends = np.cumsum(counts).tolist()
-        rounds = list(zip([0, *ends[:-1]], ends))
+    rounds = _rounds(size, n_devices, policy)
     mu = cfg.merge_unit
     steps = []
-    for a, b in rounds:
-        bins = [[a + i for i in sub] for sub in balance(size[a:b], n_devices)]
+    for a, b, sub in rounds:
+        bins = [[a + i for i in f] for f in sub]
         rows = [int(size[f].sum()) for f in bins]
         n_pad = policy.rung(max(rows))
         # The floor makes every shard's rung n_pad (n_pad is itself a rung, so the ladder from it
@@ -124,6 +119,45 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
         steps.append(Step(plan=stacked, runs=tuple(_runs(f, start, size) for f in bins), gather=gather,
                           rows=tuple(rows)))
     return steps
+
+
+def _rounds(size: np.ndarray, n_devices: int, policy: planlib.BucketPolicy) -> list[tuple[int, int, list]]:
+    """Cut the frames (rows per frame `size` [F]) into consecutive rounds and balance each:
+    [(first frame, stop, balance(...) of the round)].
+
+    A round may give a device at most policy.max_patches rows (the per-program budget) unless
+    the device holds a single larger frame. Among r = the fewest rounds that allow it .. 4 more
+    (rounds of near-equal rows, batching.split_even), the cut with the least
+    sum(rung(busiest device's rows)) + chunk_penalty per round wins (ties: fewer rounds): the
+    ladder is coarse, so one more round can pad much less (100 frames of 1296 rows on 8 devices:
+    one round of 13 frames on the busiest device pads to 24576 rows, five rounds of 3 frames
+    to 5 x 4096).
+    """
+    from qwen_vit_jax.batching import split_even
+
+    total, cap, penalty = int(size.sum()), policy.max_patches, planlib.chunk_penalty(policy)
+    last = len(size)  # one frame per round always fits
+    best, best_cost, r = None, None, min(last, max(1, -(-total // (n_devices * cap))))
+    while r <= last:
+        cut = []
+        cost = 0
+        ok = True
+        carried = [0] * n_devices  # each device's rows in earlier rounds
+        for a, b in split_even(size, r):
+            if a == b:
+                continue
+            bins = balance(size[a:b], n_devices, carried)
+            loads = [int(size[a:b][f].sum()) for f in bins]
+            carried = [c + n for c, n in zip(carried, loads)]
+            ok &= all(n <= cap or len(f) == 1 for n, f in zip(loads, bins))
+            cost += policy.rung(max(loads)) + penalty
+            cut.append((a, b, bins))
+        if ok and (best is None or cost < best_cost):
+            best, best_cost = cut, cost
+        if best is not None:
+            last = min(last, r + 4)
+        r += 1
+    return best
 
 
 def _sub_grid(frames: list[int], frame_h: np.ndarray, frame_w: np.ndarray) -> np.ndarray:

@@ -54,6 +54,7 @@ def test_steps_route_every_frame_back(name, grid, max_patches, n_devices):
         assert s.plan.tile_block.shape == (n_devices, b.tiles)
         assert s.plan.window_ids.shape == (n_devices, b.windows, b.window_rows)
         assert max(s.rows) <= b.patches and sum(s.rows) <= len(px)
+        assert max(s.rows) <= max(max_patches, int((g[:, 1] * g[:, 2]).max()))  # the per-program budget
         # every device's real rows are its span: the plans say the same as the routing
         assert [int(n) for n in s.plan.span[:, 1]] == [r if r else 4 for r in s.rows]  # idle: placeholder
     if len(px) > n_devices * max_patches:
@@ -69,6 +70,16 @@ def test_balance_largest_first():
     loads = [int(sizes[b].sum()) for b in devlib.balance(sizes, 8)]
     assert max(loads) / np.mean(loads) <= 1.02  # many small frames: near the mean
     assert max(loads) - min(loads) <= sizes.max()  # LPT: no bin exceeds another by more than an item
+
+
+def test_rounds_pad_least():
+    """100 frames of 1296 rows on 8 devices: one round would give the busiest device 13 frames
+    (16848 rows, padded to 24576); five rounds of at most 3 frames pad to 5 x 4096, and carrying
+    loads across rounds keeps the devices' totals within one frame of each other."""
+    steps = devlib.plan_steps([[10, 36, 36]] * 10, TINY, planlib.BucketPolicy(), 8)
+    assert [s.plan.bucket.patches for s in steps] == [4096] * 5
+    totals = np.sum([s.rows for s in steps], axis=0)
+    assert totals.max() - totals.min() <= 1296 and totals.sum() == 100 * 1296
 
 
 def test_pad_plan_is_exact(tiny_encoder):
