@@ -65,8 +65,8 @@ def balance_table() -> list[dict]:
             best = lower_bound(sizes, d) / mean
             padded = sum(d * s.plan.bucket.patches for s in steps) / sizes.sum()
             rows.append({"case": name, "frames": len(sizes), "devices": d, "steps": len(steps),
-                         "balance": worst, "best": best, "padded_over_real": padded,
-                         "meets_target": worst <= TARGET or worst <= best * 1.001})
+                         "balance": float(worst), "best": float(best), "padded_over_real": float(padded),
+                         "meets_target": bool(worst <= TARGET or worst <= best * 1.001)})
     return rows
 
 

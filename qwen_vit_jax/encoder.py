@@ -76,7 +76,8 @@ class VisionEncoder:
       devices: several local devices to share the work (frames balanced across them, largest
         first; parameters replicated on each). Exclusive with `device`; one device is `device`.
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
-      max_batch_patches: encode_images packs images into calls of at most this many patches.
+      max_batch_patches: encode_images packs images into calls of at most this many patches
+        (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
@@ -92,7 +93,7 @@ class VisionEncoder:
         device: jax.Device | None = None,
         devices: list[jax.Device] | None = None,
         preprocess: PreprocessConfig | None = None,
-        max_batch_patches: int = 16384,
+        max_batch_patches: int | None = None,
         compilation_cache_dir: str | os.PathLike | None = None,
     ):
         if compilation_cache_dir is not None:
@@ -107,7 +108,7 @@ class VisionEncoder:
         self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
-        self.max_batch_patches = max_batch_patches
+        self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         # Several devices: replicated (every device holds all parameters), placed in one go.
         where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
