@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -148,7 +149,7 @@ def _read_file(path: pathlib.Path) -> Embeddings:
             names = json.loads(meta.pop("names"))
             meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
         e = Embeddings(arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta)
-    except (KeyError, ValueError, TypeError, OSError) as err:  # OSError: a corrupt zip
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
         raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
     k = len(e.names)
     ok = (meta.get("format") == FORMAT and meta.get("version") == VERSION
@@ -220,7 +221,7 @@ def _counts(path: pathlib.Path) -> tuple[int, int]:
             return len(offsets) - 1, int(offsets[-1])
         entries = SafetensorsFile(path).entries
         return entries["offsets"][1][0] - 1, entries["embeddings"][1][0]
-    except (KeyError, ValueError, TypeError, OSError, IndexError) as err:
+    except (KeyError, ValueError, TypeError, OSError, IndexError, zipfile.BadZipFile) as err:
         raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
 
 
