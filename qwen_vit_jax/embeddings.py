@@ -206,6 +206,26 @@ def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:
     return index_path(path)
 
 
+def read_names(path: str | os.PathLike) -> list[str]:
+    """The image names of one embeddings file, without reading its embeddings (the header of a
+    .safetensors file, the `names` member of a .npz)."""
+    from qwen_vit_jax.convert import SafetensorsFile
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        if check_suffix(path) == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return [str(n) for n in z["names"]]
+        names = json.loads(SafetensorsFile(path).metadata["names"])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("names is not a list of str")
+        return names
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
+        raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
+
+
 def _counts(path: pathlib.Path) -> tuple[int, int]:
     """(images, tokens) of an embeddings file, from its header / offsets only (a shard's embeddings
     can be gigabytes; read_embeddings checks the whole file later)."""

@@ -41,6 +41,7 @@ def test_round_trip_and_public_names(tmp_path, suffix):
     got = qvj.read_embeddings(tmp_path / f"e{suffix}")
     assert_same(got, e)
     assert got.metadata == e.metadata and len(got) == 3
+    assert embeddings.read_names(tmp_path / f"e{suffix}") == e.names
     np.testing.assert_array_equal(got[1], e.embeddings[e.offsets[1]:e.offsets[2]])
     from qwen_vit_jax import cli
 
