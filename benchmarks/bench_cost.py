@@ -8,8 +8,9 @@ temp memory do not depend on them) and asks `cost_report` about:
     (single images, h, w even in [2, 64], seed 0);
   - temp memory for 1x, 2x and 4x the patches (images of 32 x 32, 32 x 64, 64 x 64 patches);
   - the seconds it took to compile each bucket's program (the one `encode` runs).
-compiled_flops is XLA's cost analysis of the bucket's forward (an unrolled copy: XLA counts a
-loop body once), ideal_flops the analytic count on the real rows (qwen_vit_jax.cost).
+compiled_flops counts the matmuls of the bucket's forward as it runs (cost.dot_flops: the traced
+program's dot_generals, loop bodies times their trip counts), ideal_flops the analytic count on the
+real rows (qwen_vit_jax.cost).
 
     python benchmarks/bench_cost.py [--quick] [--variants qwen2.5-vl-3b,qwen2-vl-2b] [--out PATH]
 """

@@ -290,6 +290,10 @@ def cmd_encode(args) -> int:
         raise CommandError(f"output folder not found: {out.parent}")
     if out.exists() and not (args.resume or args.overwrite):
         raise CommandError(f"{out} exists: --resume adds the missing inputs to it, --overwrite replaces it")
+    try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as e:
+        raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
     paths = find_images(args.inputs, args.recursive)
     if not paths:
         raise CommandError("no input images found (folders are searched for "
@@ -687,6 +691,8 @@ COMMANDS = {"encode": cmd_encode, "verify": cmd_verify, "bench": cmd_bench, "dem
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    from qwen_vit_jax.convert import sigterm_as_interrupt
+
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["convert"]:  # convert.py owns that parser (also behind convert_weights.py)
@@ -697,7 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_help(sys.stderr)
             return 2
-        return COMMANDS[args.command](args)
+        with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: temporary files are removed
+            return COMMANDS[args.command](args)
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 1
     except CommandError as e:

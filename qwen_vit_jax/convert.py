@@ -18,6 +18,7 @@ No torch, transformers or jax is imported here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -25,8 +26,10 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -527,6 +530,29 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, 
 
 
 # ---- command line -----------------------------------------------------------------------------
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does.
+
+    SIGTERM's default action ends the process on the spot: no `except` / `finally` runs, so a
+    temporary file or directory being written would be left behind. As an exception it unwinds
+    like Ctrl-C: the writers remove their temporary output and the previous output stays intact.
+    Outside the main thread (where Python cannot install handlers) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
     ap = argparse.ArgumentParser(prog=prog, description="Convert the vision tower of an HF Qwen2-VL / "
@@ -539,11 +565,15 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        out = convert_checkpoint(args.hf_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
-        cfg, params, meta = load_converted(out)
+        with sigterm_as_interrupt():
+            out = convert_checkpoint(args.hf_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+            cfg, params, meta = load_converted(out)
     except (OSError, ValueError) as e:  # FileNotFoundError, FileExistsError, CheckpointError, I/O
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: convert_checkpoint removed its temporary output
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 130
     n = sum(v.size for v in params.values())
     print(f"converted {cfg.variant} vision tower (depth {cfg.depth}, width {cfg.width}): {n:,} params in "
           f"{len(params)} tensors, dtype {meta['dtype']}, {time.perf_counter() - t0:.1f} s -> {out}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import threading
 import time
 
 import jax
@@ -114,6 +115,8 @@ class VisionEncoder:
         where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
         self._state = fill_state(abstract, params, self.num, where)
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
+        # Held while compiling: two threads asking for the same new bucket compile it once.
+        self._compile_lock = threading.Lock()
         self.compile_seconds: dict[planlib.Bucket, float] = {}
         self._flops: dict[planlib.Bucket, float] = {}
 
@@ -162,7 +165,7 @@ class VisionEncoder:
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
-        return np.concatenate([p.unpad(np.asarray(o), self.cfg.merge_unit) for p, o in zip(plans, outs)])
+        return np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
 
     def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
         """encode on several devices: frames balanced over the mesh, one program call per step
@@ -282,15 +285,20 @@ class VisionEncoder:
 
     def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
         program = self._compiled.get(bucket)
-        if program is None:
+        if program is not None:  # the hot path takes no lock
+            return program
+        with self._compile_lock:  # one compile at a time; a waiter finds the program done
+            program = self._compiled.get(bucket)
+            if program is not None:
+                return program
             t0 = time.perf_counter()
             specs = _input_specs(self.cfg, bucket, self.dtype)
             if self.mesh is None:
                 program = jax.jit(self._forward).lower(self._state, *specs).compile()
             else:
                 program = self._mesh_forward(specs)
-            self._compiled[bucket] = program
             self.compile_seconds[bucket] = time.perf_counter() - t0
+            self._compiled[bucket] = program  # last: a lock-free reader sees a finished entry
         return program
 
     def _forward(self, state, pixels, plan):

@@ -931,18 +931,16 @@ class Plan:
         out[:n] = px[a:a + n]
         return out
 
-    def unpad(self, y, merge_unit: int = 4):
-        """The real rows of a forward output: y[..., :rows, :] where y has the bucket's merged rows
-        (bucket.patches // merge_unit: tokens) or its patch rows (bucket.patches: hidden states).
-        NumPy or JAX arrays; inside a traced function only for a plan it closes over."""
-        rows = y.shape[-2]
-        if rows == self.bucket.patches:
-            return y[..., :self.n_patches, :]
-        if rows * merge_unit == self.bucket.patches:
-            return y[..., :self.n_patches // merge_unit, :]
-        raise ValueError(f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
-                         f"{self.bucket.patches} patch rows ({self.bucket.patches // merge_unit} merged rows "
-                         f"for merge_unit {merge_unit})")
+    def unpad(self, y):
+        """The real rows of a forward output: y[..., :rows, :] where y's second-to-last axis has the
+        bucket's patch rows (hidden states: n_patches real rows) or its merged rows, bucket.patches
+        / merge_unit (tokens: n_patches / merge_unit real rows). NumPy or JAX arrays; inside a
+        traced function only for a plan it closes over."""
+        rows, padded = y.shape[-2], self.bucket.patches
+        if rows == 0 or padded % rows or self.n_patches % (padded // rows):
+            raise ValueError(f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
+                             f"{padded} patch rows (or that divided by the merge unit)")
+        return y[..., :self.n_patches // (padded // rows), :]
 
     def _flatten_with_keys(self):
         return [(jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self.ARRAYS], self.bucket

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.model import abstract_model
 
 TINY25 = dataclasses.replace(QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24,
@@ -161,3 +161,39 @@ def check_cache_roundtrip(tmp_path, events):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="not a directory"):
         qvj.enable_compilation_cache(tmp_path / "file")
+
+
+@pytest.mark.parametrize("tile_loops", [True, False])
+@pytest.mark.parametrize("cfg", [TINY25, TINY2], ids=["qwen2.5", "qwen2"])
+def test_compiled_flops_count_the_program_that_runs(cfg, tile_loops):
+    """cost.dot_flops on the scanned forward (layer scans, tile loops: bodies times trip counts)
+    equals the matmul FLOPs of the padded shapes written out by hand."""
+    from qwen_vit_jax import cost
+    from qwen_vit_jax.attention import Numerics
+    from qwen_vit_jax.encoder import _input_specs
+    from qwen_vit_jax.model import VisionTransformer
+    from qwen_vit_jax.plan import make_plans
+
+    model = VisionTransformer(cfg, Numerics(tile_loops=tile_loops), rngs=nnx.Rngs(0))
+    for grid in ([[1, 16, 16]], [[3, 8, 12], [1, 10, 14]]):
+        (plan,) = make_plans(grid, cfg)
+        b = plan.bucket
+        traced = jax.jit(lambda px, p: model(px, p)).trace(*_input_specs(cfg, b, "float32"))
+        d, n = cfg.width, b.patches
+        mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * d * cfg.intermediate_size
+        per_row = 2 * cfg.patch_dim * d + cfg.depth * (2 * d * 3 * d + 2 * d * d + mlp)
+        merged = max(n // cfg.merge_unit, 64)  # the merger pads to 64 rows
+        merger = merged * (2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim)
+        full = sum(cfg.full_attention_layers)
+        attention = (full * 4 * d * b.tiles * b.block * b.key_blocks * b.block
+                     + (cfg.depth - full) * 4 * d * b.windows * b.window_rows**2)
+        assert cost.dot_flops(traced.jaxpr) == n * per_row + merger + attention
+
+
+def test_dot_flops_refuses_loops_without_a_trip_count():
+    from qwen_vit_jax import cost
+
+    jaxpr = jax.make_jaxpr(lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]),
+                                                        (0, x)))(np.eye(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="while"):
+        cost.dot_flops(jaxpr)

@@ -172,10 +172,8 @@ def test_hidden_states_match_hf(case):
     assert rel(plan.unpad(np.asarray(out)), plan.unpad(np.asarray(jax.jit(model)(plan.take(px), plan)))) <= 1e-6
     with torch.no_grad():
         ref = hf.model.visual(torch.from_numpy(px), grid_thw=torch.from_numpy(grid), output_hidden_states=True)
-    states = [s.numpy() for s in ref.hidden_states]
-    if len(states) == cfg.depth:  # HF records block outputs only: compare those
-        hidden = hidden[1:]
-    assert len(states) == len(hidden)
+    states = [s.numpy() for s in ref.hidden_states]  # the input of block 0, then every block's output
+    assert len(states) == cfg.depth + 1
     if cfg.variant == QWEN2_5_VL:  # HF's rows are merge units in window order: undo it
         index, _ = qvj.plan.window_index(grid, cfg)
         inverse = np.argsort(index)
@@ -240,6 +238,9 @@ def test_encode_rejects_non_finite_pixels(case):
         enc.encode(px, grid)
     out = enc.encode(px, grid, check_finite=False)  # isolation still holds
     np.testing.assert_array_equal(out[:16], clean[:16])
+    px[64 + 30, 5], px[3, 1000] = 0.0, np.nan
+    with pytest.raises(ValueError, match=r"image 0 .*its row 3 \(pixel_values row 3\) has nan; 1 bad row"):
+        enc.encode(px, grid)
 
 
 def test_model_from_params_checks_every_parameter():
