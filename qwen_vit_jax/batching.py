@@ -1,12 +1,14 @@
-"""Grouping inputs: into calls by patch budget, across processes by patch count, and ahead of the
-device in a background thread. Shared by `VisionEncoder.encode_images` and the CLI's `encode`.
-No jax here.
+"""Streaming inputs through the encoder: grouped into calls by patch budget, split across
+processes by patch count, prepared ahead of the device in a background thread, and a progress
+bar. Shared by `VisionEncoder.encode_images` and the CLI's `encode`. No jax here.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -96,3 +98,40 @@ def prefetch(it: Iterator[T], depth: int = 2) -> Iterator[T]:
     finally:
         stop.set()
         thread.join()
+
+
+class Progress:
+    """A one-line progress bar on stderr: done / total, rate, ETA. Redrawn in place on a terminal;
+    elsewhere (a log, a pipe) a line at most every 10 s and a final one."""
+
+    def __init__(self, total: int, unit: str = "images", stream=None):
+        self.total, self.unit, self.done = total, unit, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self.t0 = self.last = time.perf_counter()
+        self.shown = -1  # the count last drawn
+
+    def update_to(self, done: int) -> None:
+        """Set the count of finished items to `done`."""
+        self.done = done
+        now = time.perf_counter()
+        due = now - self.last >= (0.1 if self.tty else 10.0) or done >= self.total
+        if due and done != self.shown:
+            self.last, self.shown = now, done
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = max(now - self.t0, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * round(24 * frac) + "." * (24 - round(24 * frac))
+        line = (f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  "
+                f"{elapsed:.0f}s elapsed" + (f", ~{eta:.0f}s left" if self.done < self.total else ""))
+        self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
