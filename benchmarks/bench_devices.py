@@ -5,12 +5,13 @@
               over the mesh steps),
               the best any split of whole frames could reach (`lower_bound`), and padded rows / real rows.
   throughput  one JAX process per device count D (XLA_FLAGS=--xla_force_host_platform_device_count=D)
-              runs VisionEncoder(devices=jax.devices()) on a fixed batch and reports the median
+              runs VisionEncoder(devices=jax.devices()) on a fixed batch (12 images and a video,
+              about 12k patches); the device counts alternate over --rounds; reported: the median
               seconds per call and patches/s. Host devices share this machine's cores: what this
               measures is the mesh path's overhead (placement, the larger shared bucket, dispatch),
               not a speed-up; on separate accelerators the compute part divides by D.
 
-    python benchmarks/bench_devices.py [--quick] [--devices 1,2,4] [--repeats N] [--out PATH]
+    python benchmarks/bench_devices.py [--quick] [--devices 1,2,4] [--repeats N] [--rounds R] [--out PATH]
 
 The throughput tower is the Qwen2.5-VL-3B tower cut to 2 blocks (one window, one full layer; full
 width, so per-row costs are real) with zero weights (timing does not depend on them); --quick cuts
@@ -114,10 +115,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the width-128 2-block tower, 2 repeats")
     ap.add_argument("--devices", default="1,2,4", help="host device counts for the throughput part")
-    ap.add_argument("--repeats", type=int, default=None, help="timed calls per device count (default 5; quick 2)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls per worker (default 3; quick 2)")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds over the device counts (default 2)")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args()
-    repeats = args.repeats or (2 if args.quick else 5)
+    repeats = args.repeats or (2 if args.quick else 3)
 
     rows = balance_table()
     print(f"balance: max / mean real patches per device ({VARIANT} plan, default buckets); target <= {TARGET} "
@@ -127,22 +129,31 @@ def main() -> None:
         [[r["case"], r["frames"], r["devices"], r["steps"], f"{r['balance']:.3f}", f"{r['best']:.3f}",
           f"{r['padded_over_real']:.2f}", "yes" if r["meets_target"] else "NO"] for r in rows]))
 
-    grid = seed_cases()["24 images 8..64 + 2 videos"]
-    runs = []
-    for d in [int(x) for x in args.devices.split(",")]:
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={d}", JAX_PLATFORMS="cpu")
-        runs.append(common.run_worker(__file__, "throughput", {"grid": grid, "repeats": repeats, "quick": args.quick},
-                                      env=env))
-    base = runs[0]["patches_per_s"]
-    print(f"\nthroughput: {runs[0]['patches']} patches per call (24 images + 2 videos), "
+    grid = seed_cases()["24 images 8..64 + 2 videos"][:13]  # 12 images and a 4-frame video
+    counts = [int(x) for x in args.devices.split(",")]
+    runs: dict[int, list[dict]] = {d: [] for d in counts}
+    for _ in range(args.rounds):  # device counts alternate: this VM's speed drifts over minutes
+        for d in counts:
+            env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={d}", JAX_PLATFORMS="cpu")
+            runs[d].append(common.run_worker(__file__, "throughput",
+                                             {"grid": grid, "repeats": repeats, "quick": args.quick}, env=env))
+    table = []
+    for d, rs in runs.items():
+        times = [t for r in rs for t in r["times"]]
+        table.append({"devices": d, "median": float(np.median(times)), "patches": rs[0]["patches"],
+                      "patches_per_s": rs[0]["patches"] / float(np.median(times)), "buckets": rs[0]["buckets"],
+                      "first_call_s": [r["first_call_s"] for r in rs], "runs": rs})
+    base = table[0]["patches_per_s"]
+    print(f"\nthroughput: {table[0]['patches']} patches per call (12 images + a 4-frame video), "
           f"{'quick tower' if args.quick else VARIANT + ' cut to 2 blocks'}, float32, {os.cpu_count()} cores, "
-          f"median of {repeats}")
+          f"median of {repeats} calls x {args.rounds} alternating rounds")
     print(common.markdown_table(
         ["host devices", "median s", "patches/s", "vs 1 device", "bucket rows", "first call s"],
         [[r["devices"], f"{r['median']:.3f}", f"{r['patches_per_s']:,.0f}", f"{r['patches_per_s'] / base:.2f}x",
-          "+".join(map(str, r["buckets"])), f"{r['first_call_s']:.1f}"] for r in runs]))
+          "+".join(map(str, r["buckets"])), "/".join(f"{x:.1f}" for x in r["first_call_s"])] for r in table]))
     out = args.out or common.default_out("bench_devices", args.quick)
-    common.write_json(out, {"balance": rows, "throughput": runs, "repeats": repeats, "quick": args.quick})
+    common.write_json(out, {"balance": rows, "throughput": table, "repeats": repeats, "rounds": args.rounds,
+                            "quick": args.quick, "load_average": os.getloadavg()})
 
 
 if __name__ == "__main__":
