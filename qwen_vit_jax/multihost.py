@@ -54,8 +54,13 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     import jax
 
     if auto:
-        jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S)
-    else:
+        try:
+            jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S)
+        except ValueError as e:  # no cluster environment found
+            raise ValueError(f"--distributed: jax.distributed.initialize() found no cluster (SLURM, Open MPI, "
+                             f"Cloud TPU, Kubernetes) here ({e}); pass --coordinator, --num-processes and "
+                             "--process-id instead") from None
+    else:  # a coordinator that never answers makes JAX abort the process after INIT_TIMEOUT_S
         jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=INIT_TIMEOUT_S)
     return Cluster(index=jax.process_index(), count=jax.process_count())
 

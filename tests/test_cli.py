@@ -308,6 +308,9 @@ def test_encode_process_flags(capsys, tiny_dirs, image_dir, tmp_path):
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--coordinator",
                       "h:1", "--num-processes", "2", "--process-id", "5")
     assert_clean_error(rc, err, "--process-id must be in 0 .. 1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "KUBERNETES_", "TPU_"))}
+    p = run("encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--distributed", env=env, timeout=120)
+    assert_clean_error(p.returncode, p.stderr, "--distributed: jax.distributed.initialize() found no cluster")
 
 
 def test_progress_bar_counts_and_rate():
