@@ -129,6 +129,7 @@ def test_four_host_devices_match_one(tiny_dirs):
         assert r["programs"] == r["buckets"], (name, r)  # one compiled program per (bucket, mesh)
         assert r["recompiled"] == 0, (name, r)
     assert report["encode_images_rel"] <= 1e-6
+    assert report["cost"]["patches_ok"] and report["cost"]["padded_ok"] and report["cost"]["ratio"] > 1
 
 
 def _child(ckpt: str) -> None:
@@ -156,6 +157,10 @@ def _child(ckpt: str) -> None:
         out["cases"][name] = {
             "rel": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)), "max_item_rel": max(items),
             "programs": count, "buckets": len(set(many._buckets(g))), "recompiled": many.compile_count - count}
+        if name == "mixed":  # the cost report counts every device's copy of the step's bucket
+            r = many.cost_report(g)
+            out["cost"] = {"patches_ok": r["patches"] == len(px), "ratio": r["flops_ratio"],
+                           "padded_ok": r["padded_patches"] == 4 * sum(b["patches"] for b in r["buckets"])}
     from conftest import make_image
 
     from qwen_vit_jax import preprocess_images
