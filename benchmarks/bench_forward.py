@@ -9,12 +9,18 @@ weights (one HF checkpoint, converted for us), same inputs, one image per call.
         The first call compiles: reported apart, never in the median.
 
 Each (variant, side) runs in its own process, both dtypes in it: torch and JAX never share
-one. The XLA float32 matmul peak is measured in another JAX process of the same run. Reported: median
-seconds, speed-up vs HF in the same dtype and vs HF's fastest mode, GFLOP/s of the analytic
-FLOPs (common.forward_flops), % of the fp32 peak, and the error vs HF float32.
+one. XLA's dot peaks are measured in another JAX process of the same run, on the 3B tower's
+[1536, 1280] x [1280, 5120] MLP dot (and a square --peak-n one): float32, bf16 operands with
+float32 accumulation (what our bf16 mode asks for), bf16 -> bf16; torch's float32 and bf16 on
+the same shape in the HF process. With --rounds R the processes run R times, alternating
+which side goes first (a shared VM's speed drifts); medians are over all rounds' calls.
+Reported: median seconds, speed-up vs HF in the same dtype and vs HF's fastest mode, GFLOP/s
+of the analytic FLOPs (common.forward_flops), % of the mode's own XLA peak (float32 for
+float32, bf16_f32acc for bfloat16), the error vs HF float32, and lscpu's model and flags.
 
     python benchmarks/bench_forward.py [--quick] [--variants ...] [--sizes 16,36]
-        [--dtypes float32,bfloat16] [--repeats N] [--device auto|cpu|cuda] [--out PATH] [--plot PATH]
+        [--dtypes float32,bfloat16] [--repeats N] [--rounds R] [--device auto|cpu|cuda]
+        [--out PATH] [--plot PATH]
 """
 
 from __future__ import annotations
@@ -32,6 +38,31 @@ PLOT = common.ROOT / "benchmarks" / "forward.png"  # RESULTS.md shows this file
 SEED = 0
 
 
+OWN_PEAK = {"float32": "float32", "bfloat16": "bf16_f32acc"}  # the XLA peak each mode is held to
+
+
+def merge_round(old: dict | None, new: dict) -> dict:
+    """One side's results over rounds: every size's call times pooled, median recomputed;
+    the first call and compile seconds of the first round kept."""
+    if old is None:
+        return new
+    for dtype, by_side in new["dtypes"].items():
+        for side, r in by_side.items():
+            o = old["dtypes"][dtype][side]
+            o.setdefault("round_medians", [o["median"]]).append(r["median"])
+            o.update(common.summary(o["times"] + r["times"]))
+    return old
+
+
+def merge_peaks(peaks: list[dict]) -> dict:
+    """Median over rounds of each shape's and mode's GFLOP/s."""
+    import statistics
+
+    shapes = {s: {m: statistics.median(p["shapes"][s][m] for p in peaks) for m in common.PEAK_MODES}
+              for s in peaks[0]["shapes"]}
+    return {**peaks[0], "shapes": shapes, **shapes[next(iter(shapes))], "rounds": len(peaks)}
+
+
 def grid_of(side: int) -> list[list[int]]:
     return [[1, side, side]]
 
@@ -46,7 +77,8 @@ def hf_worker(p: dict) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(p["hf"], dtype=torch.float32,
                                                         attn_implementation="sdpa")
     out = {"device": device, "torch_threads": torch.get_num_threads(), "dtypes": {},
-           "versions": common.versions("torch", "transformers")}
+           "versions": common.versions("torch", "transformers"),
+           "torch_peak": common.torch_matmul_peak() if device == "cpu" else None}
     for dtype in sorted(p["dtypes"], key=lambda d: d != "float32"):
         visual = model.model.visual.to(device, getattr(torch, dtype)).eval()
         out["dtypes"][dtype] = time_sizes(functools.partial(hf_call, visual, device), p, f"hf-{dtype}")
@@ -67,10 +99,11 @@ def ours_worker(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
 
-    out = {"device": str(jax.devices()[0]), "dtypes": {},
+    out = {"device": str(jax.devices()[0]), "dtypes": {}, "numerics": {},
            "versions": common.versions("jax", "jaxlib", "flax")}
     for dtype in p["dtypes"]:
         enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype=dtype)
+        out["numerics"][dtype] = str(enc.num)  # native_bf16: which bf16 dot path runs here
         out["dtypes"][dtype] = time_sizes(enc.encode, p, f"ours-{dtype}", enc.compile_seconds)
         del enc
     return out
@@ -135,6 +168,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,36", help="image sides in patches: grid [[1, s, s]]")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of peak / HF / ours processes")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device for HF")
     ap.add_argument("--peak-n", type=int, default=2048, help="side of the square matmul for the peak")
     ap.add_argument("--quick", action="store_true", help="2-block configs, sides 8 and 16, 2 repeats")
@@ -147,17 +181,24 @@ def main() -> None:
     sizes = [8, 16] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeats = 2 if args.quick else args.repeats
 
-    peak = common.run_worker(__file__, "peak", {"n": 512 if args.quick else args.peak_n, "repeats": 5})
-    results, outputs = {}, {}
-    for variant in variants:
-        cfg = common.model_config(variant, args.quick)
-        dirs = common.checkpoint(__file__, variant, args.quick)
-        outputs[variant] = pathlib.Path(dirs["hf"]).parent / "outputs"
-        outputs[variant].mkdir(exist_ok=True)
-        payload = {**dirs, "dtypes": dtypes, "sizes": sizes, "repeats": repeats, "patch_dim": cfg.patch_dim,
-                   "device": args.device, "outputs": str(outputs[variant])}
-        results[variant, "HF"] = common.run_worker(__file__, "hf", payload, env=common.torch_env())
-        results[variant, "ours"] = common.run_worker(__file__, "ours", payload)
+    peak_payload = {"n": 512 if args.quick else args.peak_n, "repeats": 5,
+                    "shapes": [[256, 128, 512]] if args.quick else [list(s) for s in common.PEAK_SHAPES]}
+    peaks, results, outputs = [], {}, {}
+    for rnd in range(args.rounds):
+        peaks.append(common.run_worker(__file__, "peak", peak_payload))
+        for variant in variants:
+            cfg = common.model_config(variant, args.quick)
+            dirs = common.checkpoint(__file__, variant, args.quick)
+            outputs[variant] = pathlib.Path(dirs["hf"]).parent / "outputs"
+            outputs[variant].mkdir(exist_ok=True)
+            payload = {**dirs, "dtypes": dtypes, "sizes": sizes, "repeats": repeats, "patch_dim": cfg.patch_dim,
+                       "device": args.device, "outputs": str(outputs[variant])}
+            for impl in ("HF", "ours") if rnd % 2 == 0 else ("ours", "HF"):
+                res = (common.run_worker(__file__, "hf", payload, env=common.torch_env()) if impl == "HF"
+                       else common.run_worker(__file__, "ours", payload))
+                results[variant, impl] = merge_round(results.get((variant, impl)), res)
+    peak = merge_peaks(peaks)
+    torch_peak = next((r.get("torch_peak") for (_, i), r in results.items() if i == "HF"), None)
 
     records = []
     for (variant, impl), res in results.items():
@@ -171,6 +212,7 @@ def main() -> None:
                     "impl": impl, "seconds": r["median"], "timing": r, "flops": flops,
                     "gflops_per_s": flops / r["median"] / 1e9,
                     "pct_fp32_peak": 100 * flops / r["median"] / 1e9 / peak["float32"],
+                    "pct_own_peak": 100 * flops / r["median"] / 1e9 / peak[OWN_PEAK[dtype]],
                     "rel_err_vs_hf_fp32": rel_err(outputs[variant], f"{impl.lower()}-{dtype}-{side}",
                                                   f"hf-float32-{side}"),
                 })
@@ -184,20 +226,29 @@ def main() -> None:
 
     hf_dev = next(res["device"] for (_, impl), res in results.items() if impl == "HF")
     jax_dev = next(res["device"] for (_, impl), res in results.items() if impl == "ours")
-    print(f"Forward, median of {repeats} calls. HF on {hf_dev}, ours on {jax_dev}. XLA matmul peak "
-          f"(n={peak['n']}): float32 {peak['float32']:.0f} GFLOP/s, bf16 operands + f32 accumulation "
-          f"{peak['bf16_f32acc']:.0f} GFLOP/s.\n")
+    numerics = next((r["numerics"] for (_, i), r in results.items() if i == "ours"), {})
+    print(f"{common.machine_line()}\n")
+    print(f"Forward, median of {repeats} calls x {args.rounds} round(s). HF on {hf_dev}, ours on {jax_dev} "
+          f"({'; '.join(numerics.values())}).\n")
+    print("Dot peaks, GFLOP/s (median over rounds; XLA: jit jnp.dot, torch: torch.mm):\n")
+    print(common.markdown_table(["[M,K]x[K,N]", "XLA float32", "XLA bf16 in / f32 acc", "XLA bf16 -> bf16",
+                                 "torch float32", "torch bf16"], [[
+        shape, *(f"{v[m]:.0f}" for m in common.PEAK_MODES),
+        *(f"{torch_peak[shape][m]:.0f}" if torch_peak and shape in torch_peak else "-"
+          for m in ("float32", "bf16_bf16")),
+    ] for shape, v in peak["shapes"].items()]) + "\n")
     headers = ["variant", "patches", "dtype", "impl", "seconds", "vs HF same dtype", "vs HF fastest",
-               "GFLOP/s", "% fp32 peak", "rel err vs HF fp32", "compile s"]
+               "GFLOP/s", "% own XLA peak", "% fp32 peak", "rel err vs HF fp32", "compile s"]
     print(common.markdown_table(headers, [[
         r["variant"], r["patches"], r["dtype"], r["impl"], common.fmt_seconds(r["seconds"]),
         f"{r['speedup_vs_hf_same_dtype']:.2f}x", f"{r['speedup_vs_hf_fastest']:.2f}x",
-        f"{r['gflops_per_s']:.3g}", f"{r['pct_fp32_peak']:.0f}%",
+        f"{r['gflops_per_s']:.3g}", f"{r['pct_own_peak']:.0f}%", f"{r['pct_fp32_peak']:.0f}%",
         "-" if r["rel_err_vs_hf_fp32"] is None else f"{r['rel_err_vs_hf_fp32']:.1e}",
         f"{r['timing']['compile_s']:.1f}" if "compile_s" in r["timing"] else "-",
     ] for r in records]))
     versions = {k: v for res in results.values() for k, v in res["versions"].items()}
-    common.write_json(out, {"bench": "forward", "quick": args.quick, "repeats": repeats, "peak": peak,
+    common.write_json(out, {"bench": "forward", "quick": args.quick, "repeats": repeats, "rounds": args.rounds,
+                            "peak": peak, "peaks": peaks, "torch_peak": torch_peak, "numerics": numerics,
                             "hf_device": hf_dev, "jax_device": jax_dev, "versions": versions,
                             "records": records})
     plot(records, pathlib.Path(png))

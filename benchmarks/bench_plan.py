@@ -3,7 +3,7 @@ before its blocks, on the five seed cases.
 
   ours (uncached)  qwen_vit_jax.plan.make_plans with the plan caches cleared before each call:
                    validation, rotary ids, frame and window tables, bucket padding, chunking.
-                   The cleared plans' buffers go back to plan._BufferPool and are reused, as
+                   The cleared plans' buffers go back to the plan package's BufferPool and are reused, as
                    in a long-running process whose cache evicts plans; the JSON's "first" is
                    the very first call of the process (cold: numba's cache, fresh pages).
                    cos/sin are not in it: our jitted forward computes them on the device.
@@ -50,13 +50,7 @@ def ours_worker(p: dict) -> dict:
     from qwen_vit_jax.config import PRESETS
 
     cfg = PRESETS[VARIANT]
-    caches = [f for name, f in vars(plan).items() if "plan" in name and hasattr(f, "cache_clear")]
-    assert caches, "no lru-cached plan function in qwen_vit_jax.plan: 'uncached' would be cached"
-
-    def clear():
-        for f in caches:
-            f.cache_clear()
-
+    clear = plan.clear_caches
     out = {}
     for name, grid in p["cases"].items():
         g = np.array(grid)

@@ -144,9 +144,32 @@ def machine_info() -> dict:
         "host": platform.node(),
         "cpu": cpu,
         "cores": os.cpu_count(),
-        "cpu_flags": sorted(flags & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}),
+        "cpu_flags": sorted(flags & DOT_FLAGS),
+        "cpu_flags_all": sorted(flags),
+        "lscpu_model": lscpu().get("Model name", "?"),
         "python": platform.python_version(),
     }
+
+
+DOT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16",
+             "amx_tile", "amx_int8"}  # what decides which dot kernels XLA and oneDNN can use
+
+
+def lscpu() -> dict[str, str]:
+    """`lscpu`'s "key: value" lines ({} where lscpu is missing)."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines()) if v}
+
+
+def machine_line() -> str:
+    """One line for a table's caption: lscpu model, cores, the dot-relevant flags, uptime load."""
+    info = machine_info()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"CPU: {info['lscpu_model']} ({info['cpu']}), {info['cores']} cores, flags "
+            f"{' '.join(info['cpu_flags']) or '-'}; load average {load}")
 
 
 def default_out(name: str, quick: bool, ext: str = "json") -> pathlib.Path:
@@ -187,7 +210,7 @@ def model_config(variant: str, quick: bool = False):
 
 
 def checkpoint(script: str, variant: str, quick: bool, seed: int = 0) -> dict[str, str]:
-    """HF checkpoint (random weights, tests/hf_utils.build_hf_model, save_pretrained) and our
+    """HF checkpoint (random weights, qwen_vit_jax.hf_reference.build_hf_model, save_pretrained) and our
     conversion of it, built once by a `build` worker of `script` and reused across runs:
     {"hf": dir, "ours": dir}. Delete CACHE (or set QVJ_BENCH_CACHE) to rebuild."""
     root = CACHE / f"{variant}{'-quick' if quick else ''}-seed{seed}"
@@ -203,10 +226,8 @@ def build_checkpoint(p: dict) -> dict:
     """Worker: write root/hf and root/ours, atomically (a half-built cache never counts)."""
     import shutil
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from hf_utils import build_hf_model
-
     import qwen_vit_jax as qvj
+    from qwen_vit_jax.hf_reference import build_hf_model
 
     root = pathlib.Path(p["root"])
     tmp = root.with_name(root.name + ".tmp")
@@ -218,56 +239,71 @@ def build_checkpoint(p: dict) -> dict:
 
 
 def random_pixels(grid_thw, patch_dim: int, seed: int = 0) -> np.ndarray:
-    """float32 [sum(t*h*w), patch_dim] standard normal rows (tests/hf_utils.random_pixels)."""
+    """float32 [sum(t*h*w), patch_dim] standard normal rows (as tests/hf_utils.random_pixels)."""
     n = int(np.prod(np.asarray(grid_thw), axis=1).sum())
     return np.random.default_rng(seed).standard_normal((n, patch_dim), dtype=np.float32)
 
 
 # ---- FLOPs --------------------------------------------------------------------------------
 def forward_flops(cfg, grid_thw) -> float:
-    """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add), D = width,
-    I = intermediate_size, P = patch_dim (1176), M = merge_unit (4), O = out_dim,
-    N = sum(t*h*w), L = depth:
+    """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add): the package's
+    `cost.ideal_flops` over the request's real frames and windows (see its docstring for the
+    formula). Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP."""
+    from qwen_vit_jax.cost import ideal_flops
+    from qwen_vit_jax.plan import segment_lengths
 
-      patch embed      2 N P D
-      per block (x L)  qkv 2 N D 3D + proj 2 N D^2 + MLP (2 matrices, Qwen2-VL; 3, Qwen2.5-VL) 2 N D I
-      attention        QK^T and PV: 4 D sum(S^2) over the block's real segments S: frames
-                       (h*w, per temporal slice) in full layers, HF's windows in window layers
-      merger           2 (N/M) (M D)^2 + 2 (N/M) (M D) O
-
-    Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP. Norms, rotary, softmax and activations
-    are left out (elementwise, < 1%)."""
-    from qwen_vit_jax.config import QWEN2_5_VL
-    from qwen_vit_jax.plan import window_index
-
-    g = np.asarray(grid_thw, np.int64)
-    d, i, p, m, o = cfg.width, cfg.intermediate_size, cfg.patch_dim, cfg.merge_unit, cfg.out_dim
-    n = float(np.prod(g, axis=1).sum())
-    frames = np.repeat(g[:, 1] * g[:, 2], g[:, 0]).astype(np.float64)
-    windows = np.diff(window_index(g, cfg)[1]).astype(np.float64) if cfg.windowed else frames[:0]
-    mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * n * d * i
-    block = 2 * n * d * 3 * d + 2 * n * d * d + mlp
-    full = sum(cfg.full_attention_layers)
-    attention = 4 * d * (full * (frames**2).sum() + (cfg.depth - full) * (windows**2).sum())
-    merger = 2 * (n / m) * (m * d) ** 2 + 2 * (n / m) * (m * d) * o
-    return 2 * n * p * d + cfg.depth * block + attention + merger
+    return ideal_flops(cfg, *segment_lengths(grid_thw, cfg))
 
 
-# ---- XLA matmul peak (run inside a JAX worker) ----------------------------------------------
+# ---- dot peaks (run inside a JAX or torch worker) --------------------------------------------
+PEAK_SHAPES = ((1536, 1280, 5120),)  # [M, K] x [K, N]: the 3B tower's MLP up dot on the 1536-row bucket
+PEAK_MODES = ("float32", "bf16_f32acc", "bf16_bf16")  # operands / result: f32/f32, bf16/f32, bf16/bf16
+
+
 def matmul_peak(payload: dict) -> dict:
-    """GFLOP/s of an [n, n] x [n, n] matmul under jit on JAX's default device, median of
-    `repeats`: float32 at HIGHEST precision, and bf16 operands with float32 accumulation."""
+    """XLA's dot GFLOP/s under jit on JAX's default device, median of `repeats`, for each
+    [M, K] x [K, N] in payload["shapes"] (default PEAK_SHAPES) and each mode: float32 at
+    HIGHEST precision ("float32"), bf16 operands with a float32 result via
+    preferred_element_type ("bf16_f32acc": what our bf16 mode asks for), bf16 operands and
+    result ("bf16_bf16"). Also the square [n, n] matmul of earlier runs (payload["n"]).
+    Top-level keys float32 / bf16_f32acc / bf16_bf16: the first shape's numbers."""
     import jax
     import jax.numpy as jnp
 
-    n, repeats = payload["n"], payload["repeats"]
-    out = {"n": n, "backend": jax.default_backend(), "device": str(jax.devices()[0])}
+    repeats = payload["repeats"]
+    shapes = [tuple(s) for s in payload.get("shapes", PEAK_SHAPES)]
+    if payload.get("n"):
+        shapes.append((payload["n"],) * 3)
+    out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "shapes": {}}
     hi, lo = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
-    for name, dtype, precision in (("float32", jnp.float32, hi), ("bf16_f32acc", jnp.bfloat16, lo)):
-        a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
-        b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
-        f = jax.jit(lambda x, y, p=precision: jnp.dot(x, y, precision=p, preferred_element_type=jnp.float32))
-        f(a, b).block_until_ready()
-        times = time_calls(lambda *xs: jax.block_until_ready(xs[0](*xs[1:])), repeats, f, a, b)
-        out[name] = 2 * n**3 / statistics.median(times) / 1e9
+    modes = {"float32": (jnp.float32, hi, jnp.float32), "bf16_f32acc": (jnp.bfloat16, lo, jnp.float32),
+             "bf16_bf16": (jnp.bfloat16, lo, jnp.bfloat16)}
+    for m, k, n in shapes:
+        res = out["shapes"][f"{m}x{k}x{n}"] = {}
+        for name, (dtype, precision, result) in modes.items():
+            a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
+            b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
+            f = jax.jit(lambda x, y, p=precision, r=result: jnp.dot(x, y, precision=p, preferred_element_type=r))
+            f(a, b).block_until_ready()
+            times = time_calls(lambda *xs: jax.block_until_ready(xs[0](*xs[1:])), repeats, f, a, b)
+            res[name] = 2 * m * k * n / statistics.median(times) / 1e9
+    out.update(out["shapes"][f"{shapes[0][0]}x{shapes[0][1]}x{shapes[0][2]}"])
+    return out
+
+
+def torch_matmul_peak(shapes=PEAK_SHAPES, repeats: int = 5) -> dict:
+    """torch's (oneDNN / MKL) GFLOP/s on the same shapes, float32 and bfloat16 (torch.mm,
+    bf16 result), median of `repeats`; call inside a torch worker."""
+    import torch
+
+    out = {}
+    for m, k, n in shapes:
+        res = out[f"{m}x{k}x{n}"] = {}
+        for name, dtype in (("float32", torch.float32), ("bf16_bf16", torch.bfloat16)):
+            g = torch.Generator().manual_seed(0)
+            a, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
+            with torch.no_grad():
+                torch.mm(a, b)
+                times = time_calls(torch.mm, repeats, a, b)
+            res[name] = 2 * m * k * n / statistics.median(times) / 1e9
     return out

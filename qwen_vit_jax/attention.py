@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from qwen_vit_jax.config import dtype_named
 from qwen_vit_jax.plan import Plan
 
 # A finite "minus infinity": a fully masked row then gives exp(0) * 0 = 0, never NaN.
@@ -51,13 +52,12 @@ class Numerics:
     tile_loops: bool = False
 
     def __post_init__(self):
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        dtype_named(self.dtype)  # a ValueError for any other name
 
     @property
     def operand_dtype(self):
         """Storage dtype of the weight matrices."""
-        return jnp.float32 if self.dtype == "float32" else jnp.bfloat16
+        return dtype_named(self.dtype)
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """einsum with operands rounded to the operand dtype and a float32 result."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
 import statistics
@@ -254,65 +253,15 @@ VERIFY_CASES = (  # (description, grid_thw): windows that divide evenly, edge wi
 )
 
 
-def _hf_vision_tower(hf_dir: pathlib.Path):
-    """HF's own vision tower for `hf_dir`, float32, eval mode, with the checkpoint's vision weights
-    loaded strictly (every key, every shape). Only the vision tensors are read (with safetensors'
-    own torch reader, independent of ours): a 7B checkpoint's language model is never loaded."""
-    from safetensors import safe_open
-
-    from qwen_vit_jax.config import QWEN2_5_VL, VisionConfig
-    from qwen_vit_jax.convert import locate_tensors, vision_prefix
-
-    variant = VisionConfig.from_hf(hf_dir).variant
-    if variant == QWEN2_5_VL:
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
-        full_cls, vision_cls, model_cls = (hf.Qwen2_5_VLConfig, hf.Qwen2_5_VLVisionConfig,
-                                           hf.Qwen2_5_VisionTransformerPretrainedModel)
-    else:
-        from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
-        full_cls, vision_cls, model_cls = (hf.Qwen2VLConfig, hf.Qwen2VLVisionConfig,
-                                           hf.Qwen2VisionTransformerPretrainedModel)
-    raw = json.loads((hf_dir / "config.json").read_text())
-    if "vision_config" in raw:  # a full VL config, hub (4.4x) or 5.x layout: HF's own class reads both
-        config = full_cls.from_pretrained(hf_dir).vision_config
-    else:
-        config = vision_cls.from_dict(raw)
-    model = model_cls._from_config(config).float().eval()
-
-    where, _ = locate_tensors(hf_dir)
-    prefix = vision_prefix(where, hf_dir)
-    state = {}
-    for path in sorted({p for k, p in where.items() if k.startswith(prefix)}):
-        with safe_open(path, framework="pt") as f:
-            names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (safe_open: no __iter__)
-            state.update({k[len(prefix):]: f.get_tensor(k) for k in names})
-    model.load_state_dict(state, strict=True)
-    return model
-
-
-def _compare(ours: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    """Error measures of `ours` [T, D] against `ref` [T, D]."""
-    diff = ours.astype(np.float64) - ref
-    cos = (ours * ref).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1))
-    return {"max_abs": float(np.abs(diff).max()), "max_rel": float(np.abs(diff).max() / np.abs(ref).max()),
-            "rel": float(np.linalg.norm(diff) / np.linalg.norm(ref)), "min_cos": float(cos.min())}
-
-
-def _passes(m: dict[str, float], dtype: str) -> bool:
-    """DESIGN.md's bars: float32 rel <= 1e-5 and max abs <= 1e-4 max|ref|; bf16 cos >= 0.999, rel <= 2e-2."""
-    if dtype == "float32":
-        return m["rel"] <= 1e-5 and m["max_rel"] <= 1e-4
-    return m["min_cos"] >= 0.999 and m["rel"] <= 2e-2
-
-
 def cmd_verify(args) -> int:
     try:
-        import torch
+        import torch  # noqa: F401 (only checked: verify without it exits 2)
         import transformers
     except ImportError as e:
         _error(f"verify runs HF transformers as the reference and needs torch and transformers "
                f"({e}); install them, e.g. pip install 'qwen_vit_jax[test]'")
         return 2
+    from qwen_vit_jax import hf_reference
     from qwen_vit_jax.config import VisionConfig
     from qwen_vit_jax.convert import convert_checkpoint
 
@@ -333,7 +282,7 @@ def cmd_verify(args) -> int:
             raise CommandError(f"{ckpt} holds a different tower than {hf_dir}: "
                                f"{encoders['float32'].cfg} vs {cfg}")
         t0 = time.perf_counter()
-        hf = _hf_vision_tower(hf_dir)
+        hf = hf_reference.load_hf_vision_tower(hf_dir)
         print(f"{cfg.variant} vision tower: depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}; "
               f"reference: HF transformers {transformers.__version__} float32 "
               f"(loaded in {time.perf_counter() - t0:.1f} s)")
@@ -345,21 +294,18 @@ def cmd_verify(args) -> int:
         grid = np.concatenate(grids)
         pixels = np.random.default_rng(args.seed).standard_normal(
             (int(np.prod(grid, axis=1).sum()), cfg.patch_dim), dtype=np.float32)
-        with torch.no_grad():
-            out = hf(torch.from_numpy(pixels), grid_thw=torch.from_numpy(grid))
-        ref = getattr(out, "pooler_output", out).float().numpy()  # transformers 4.x returns the tensor
+        ref = hf_reference.hf_visual(hf, pixels, grid)
         cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
         ok = True
         for dtype, enc in encoders.items():
             for (name, _), ours, expected in zip(VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts),
                                                  np.split(ref, cuts)):
-                m = _compare(ours, expected)
-                good = _passes(m, dtype)
+                m = hf_reference.compare(ours, expected)
+                good = hf_reference.TOLERANCES[dtype].passes(m)
                 ok &= good
                 print(f"{dtype:<9} {name:<34} {len(expected):>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
                       f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}")
-    print("bars: float32 rel err <= 1e-5 and max abs <= 1e-4 * max|ref|"
-          + ("; bfloat16 min cos >= 0.999 and rel err <= 2e-2" if args.bf16 else ""))
+    print("bars (docs/numerics.md): " + "; ".join(f"{d} {hf_reference.TOLERANCES[d].describe()}" for d in dtypes))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
@@ -451,7 +397,7 @@ VERIFY_HELP = """\
 Run HF transformers' vision tower (float32, weights read from HF_DIR) and ours on the same
 random pixel inputs (an image whose sides divide into windows, two images with edge windows,
 a 3-frame video) and print, per case, the max abs error, relative Frobenius error and minimum
-per-token cosine similarity, against DESIGN.md's bars:
+per-token cosine similarity, against the bars of docs/numerics.md:
   float32:  rel err <= 1e-5 and max abs <= 1e-4 * max|ref|
   bfloat16: min cos >= 0.999 and rel err <= 2e-2       (--bf16; still vs HF float32)
 Only the vision tensors are read: a 7B checkpoint's language model is never loaded.

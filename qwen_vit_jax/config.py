@@ -13,9 +13,24 @@ import json
 import os
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
 QWEN2_VL = "qwen2_vl"
 QWEN2_5_VL = "qwen2_5_vl"
 VARIANTS = (QWEN2_VL, QWEN2_5_VL)
+
+# The dtypes the tower computes in and stores weights in, by name: the one table of the package
+# (jnp accepts these numpy dtypes as they are).
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def dtype_named(name: str) -> np.dtype:
+    """DTYPES[name]; a ValueError naming the choices for any other name."""
+    if not isinstance(name, str) or name not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
 
 # Activations the vision MLP may use (HF ACT2FN names). The merger GELU is always exact erf.
 ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh", "gelu_new")

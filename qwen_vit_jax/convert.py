@@ -36,11 +36,10 @@ from collections.abc import Callable, Iterable, Mapping
 import ml_dtypes
 import numpy as np
 
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_VL, VisionConfig
+from qwen_vit_jax.config import DTYPES, QWEN2_5_VL, QWEN2_VL, VisionConfig
 
 FORMAT, FORMAT_VERSION = "qwen_vit_jax", 1
 CONFIG_FILE, PARAMS_FILE, PREPROCESSOR_FILE = "config.json", "params.safetensors", "preprocessor_config.json"
-DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 class CheckpointError(ValueError):

@@ -20,12 +20,12 @@ import shutil
 import tempfile
 import time
 
-import ml_dtypes
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, VisionConfig
+from qwen_vit_jax.config import QWEN2_5_VL_3B, VisionConfig, dtype_named
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
+from qwen_vit_jax.hf_reference import hf_config
 from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
@@ -49,57 +49,16 @@ HUB_PREPROCESSOR = {
     "image_processor_type": "Qwen2VLImageProcessor",
 }
 
-# A minimal text model: the HF config classes need one, and with it HF's from_pretrained can
-# build the full VL model from this directory (its text weights then start random).
-_TEXT_CONFIG = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2,
-    "rms_norm_eps": 1e-6, "hidden_act": "silu",
-    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
-}
-
 
 # ---- a random checkpoint in HF's layout ---------------------------------------------------------
-def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
-    """The transformers 5.x `config.json` of a full VL model whose vision tower is `cfg`."""
-    common = {
-        "depth": cfg.depth, "num_heads": cfg.num_heads, "hidden_act": cfg.hidden_act,
-        "patch_size": cfg.patch_size, "temporal_patch_size": cfg.temporal_patch_size,
-        "in_channels": cfg.in_channels, "spatial_merge_size": cfg.spatial_merge_size,
-        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
-    }
-    if cfg.variant == QWEN2_5_VL:
-        top, arch = "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
-        vision = dict(common, model_type="qwen2_5_vl_vision", hidden_size=cfg.width,
-                      out_hidden_size=cfg.out_dim, intermediate_size=cfg.intermediate_size,
-                      window_size=cfg.window_size,
-                      fullatt_block_indexes=list(cfg.fullatt_block_indexes))
-    else:
-        if cfg.intermediate_size % cfg.width:
-            raise ValueError(f"Qwen2-VL stores the MLP width as embed_dim * mlp_ratio: intermediate_size "
-                             f"{cfg.intermediate_size} is not a multiple of width {cfg.width}")
-        top, arch = "qwen2_vl", "Qwen2VLForConditionalGeneration"
-        vision = dict(common, model_type="qwen2_vl_vision", embed_dim=cfg.width, hidden_size=cfg.out_dim,
-                      mlp_ratio=cfg.intermediate_size // cfg.width)
-    return {
-        "architectures": [arch], "model_type": top, "dtype": dtype,
-        "text_config": dict(_TEXT_CONFIG, model_type=f"{top}_text"),
-        "vision_config": vision,
-        "image_token_id": 151655, "video_token_id": 151656,
-        "vision_start_token_id": 151652, "vision_end_token_id": 151653,
-    }
-
-
 def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Every `visual.*` tensor of `cfg`'s tower in HF's shapes, randomly initialised.
 
     Matrices (and the Conv3d patch embedding) N(0, 1/fan_in), biases 0.02 N(0, 1), norm weights
-    1 + 0.1 N(0, 1): the parity-test init of DESIGN.md, which keeps attention far from uniform.
+    1 + 0.1 N(0, 1): the parity-test init of docs/numerics.md, which keeps attention far from uniform.
     The key set comes from the converter's table (`convert.RULES`), one tensor per rule and block.
     """
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    out_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
     tensors = {}
     for rule in RULES:

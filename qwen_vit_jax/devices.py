@@ -12,10 +12,11 @@ compiled program on the whole mesh:
     far, earlier rounds included (LPT; ties to the lower device), and keep their request order on
     their device; a device left without a frame gets a 2x2-patch placeholder frame whose output
     is dropped;
-  * every device's frames are planned with the same patch count (the rung of the busiest
-    device's rows) and the plans padded to one bucket: the most window slots, tiles and key
-    blocks of any of them (an extra slot is empty, an extra tile is the documented empty tile,
-    a wider key window only holds more masked keys), so one program per (bucket, mesh) serves;
+  * every device's frames are planned with the same patch count (the busiest device's rows
+    padded as the policy pads: up to a rung, or with BucketPolicy(tight=True) to the blocks) and
+    the plans padded to one bucket: the most window slots, tiles and key blocks of any of them
+    (an extra slot is empty, an extra tile is the documented empty tile, a wider key window only
+    holds more masked keys), so one program per (bucket, mesh) serves;
   * the D plans are stacked into one Plan whose every leaf has a leading [D] axis, the pixels
     into [D, N_pad, patch_dim]; the result [D, N_pad / merge_unit, out_dim] is put back in
     request order by `Step.gather`, an index computed here.
@@ -96,9 +97,9 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
     for a, b, sub in rounds:
         bins = [[a + i for i in f] for f in sub]
         rows = [int(size[f].sum()) for f in bins]
-        n_pad = policy.rung(max(rows))
-        # The floor makes every shard's rung n_pad (n_pad is itself a rung, so the ladder from it
-        # is unchanged above); the block is a function of n_pad alone, so it is shared too.
+        n_pad = policy.padded_rows(max(rows))  # a rung (or with policy.tight a tileable size)
+        # The floor makes every shard's padded rows n_pad (n_pad tiles into blocks, so the ladder
+        # from it starts at n_pad itself); the block is a function of n_pad alone, so it is shared.
         floor = dataclasses.replace(policy, min_patches=n_pad, max_patches=max(policy.max_patches, n_pad))
         plans = [planlib.make_plan(_sub_grid(f, frame_h, frame_w), cfg, floor) for f in bins]
         buckets = [p.bucket for p in plans]
@@ -128,7 +129,7 @@ def _rounds(size: np.ndarray, n_devices: int, policy: planlib.BucketPolicy) -> l
     A round may give a device at most policy.max_patches rows (the per-program budget) unless
     the device holds a single larger frame. Among r = the fewest rounds that allow it .. 4 more
     (rounds of near-equal rows, batching.split_even), the cut with the least
-    sum(rung(busiest device's rows)) + chunk_penalty per round wins (ties: fewer rounds): the
+    sum(padded_rows(busiest device's rows)) + chunk_penalty per round wins (ties: fewer rounds): the
     ladder is coarse, so one more round can pad much less (100 frames of 1296 rows on 8 devices:
     one round of 13 frames on the busiest device pads to 24576 rows, five rounds of 3 frames
     to 5 x 4096).
@@ -150,7 +151,7 @@ def _rounds(size: np.ndarray, n_devices: int, policy: planlib.BucketPolicy) -> l
             loads = [int(size[a:b][f].sum()) for f in bins]
             carried = [c + n for c, n in zip(carried, loads)]
             ok &= all(n <= cap or len(f) == 1 for n, f in zip(loads, bins))
-            cost += policy.rung(max(loads)) + penalty
+            cost += policy.padded_rows(max(loads)) + penalty
             cut.append((a, b, bins))
         if ok and (best is None or cost < best_cost):
             best, best_cost = cut, cost

@@ -17,6 +17,7 @@ request order.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -24,8 +25,6 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
@@ -37,7 +36,7 @@ from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.batching import pack
-from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
 
@@ -79,6 +78,13 @@ class VisionEncoder:
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
       max_batch_patches: encode_images packs images into calls of at most this many patches
         (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
+      tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
+        rows rounded only as far as attention blocks need instead of up to the ladder's next rung
+        (BucketPolicy.tight): one more program for a size that recurs (a dataset resized to one
+        resolution, a video stream's chunks), no ladder padding after. None: the ladder only.
+        One device only: on several devices pass policy=BucketPolicy(tight=True) instead.
+      max_tight_buckets: at most this many tight buckets are compiled; later recurring grids stay on
+        the ladder (a stream of distinct sizes never recurs: its compile bound is the ladder's).
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
@@ -95,6 +101,8 @@ class VisionEncoder:
         devices: list[jax.Device] | None = None,
         preprocess: PreprocessConfig | None = None,
         max_batch_patches: int | None = None,
+        tight_after: int | None = 2,
+        max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
     ):
         if compilation_cache_dir is not None:
@@ -110,6 +118,12 @@ class VisionEncoder:
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
+        if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
+            raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
+        self.tight_after, self.max_tight_buckets = tight_after, max_tight_buckets
+        self._seen: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # grid -> encodes, LRU
+        self._tight_buckets: set[planlib.Bucket] = set()
+        self._seen_lock = threading.Lock()
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         # Several devices: replicated (every device holds all parameters), placed in one go.
         where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
@@ -165,7 +179,9 @@ class VisionEncoder:
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]
-        return np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
+        out = np.concatenate([p.unpad(np.asarray(o)) for p, o in zip(plans, outs)])
+        self._count(grid_thw)
+        return out
 
     def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
         """encode on several devices: frames balanced over the mesh, one program call per step
@@ -173,7 +189,7 @@ class VisionEncoder:
         steps = devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))  # validates grid_thw
         px = self._pixels(pixel_values, grid_thw, check_finite)
         shards = NamedSharding(self.mesh, P("data"))  # leading [D] axis of every input, one slice per device
-        inputs = jax.device_put([(s.take(px, self._host_dtype), s.plan) for s in steps], shards)
+        inputs = jax.device_put([(s.take(px, dtype_named(self.dtype)), s.plan) for s in steps], shards)
         outs = [self._program(p.bucket)(self._state, x, p) for x, p in inputs]  # [D, N_pad / mu, out]
         return np.concatenate([np.asarray(o).reshape(-1, o.shape[-1])[s.gather] for s, o in zip(steps, outs)])
 
@@ -215,13 +231,9 @@ class VisionEncoder:
     def _prepare(self, pixel_values, grid_thw, check_finite: bool = True):
         """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
         (plans, [padded pixels per plan])."""
-        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        plans = self._plans(grid_thw)  # validates grid_thw
         px = self._pixels(pixel_values, grid_thw, check_finite)
-        return plans, [p.take(px, self._host_dtype) for p in plans]
-
-    @property
-    def _host_dtype(self):
-        return np.float32 if self.dtype == "float32" else ml_dtypes.bfloat16
+        return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
 
     def _pixels(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
         """pixel_values as a checked [N, patch_dim] array for a validated grid_thw."""
@@ -244,18 +256,44 @@ class VisionEncoder:
             check_finite_rows(px, grid_thw)
         return px
 
-    def cost_report(self, grid_thw) -> dict:
-        """What a request costs: buckets, XLA's FLOPs vs the ideal, compiled temp memory.
+    def _plans(self, grid_thw) -> list[planlib.Plan]:
+        """The plans the next encode of this grid uses: the ladder's, or tight buckets once the grid
+        has been encoded tight_after - 1 times before (while fewer than max_tight_buckets exist)."""
+        ladder = planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        if self.tight_after is None:
+            return ladder
+        with self._seen_lock:
+            seen = self._seen.get(_grid_key(grid_thw), 0)
+        if seen + 1 < self.tight_after:
+            return ladder
+        plans = planlib.make_plans(grid_thw, self.cfg, dataclasses.replace(self.policy, tight=True))
+        with self._seen_lock:
+            new = {p.bucket for p in plans} - self._tight_buckets
+            if len(self._tight_buckets) + len(new) > self.max_tight_buckets:
+                return ladder
+            self._tight_buckets |= new
+        return plans
 
-        Returns a dict with `buckets` (one per chunk the request is split into; on several devices
-        one per mesh step, each run by every device), `compiled_flops` (XLA's cost analysis of
-        those programs, summed over devices), `ideal_flops` (analytic: the same tower on the real
-        rows only, attention over the real frames / windows), `flops_ratio`, `temp_bytes` (the
-        compiled programs' largest temp allocation, per device), `patches` and `padded_patches`
-        (summed over devices).
+    def _count(self, grid_thw, capacity: int = 4096) -> None:
+        """One more encode of this grid (an LRU of the last `capacity` grids)."""
+        key = _grid_key(grid_thw)
+        with self._seen_lock:
+            self._seen[key] = self._seen.pop(key, 0) + 1
+            if len(self._seen) > capacity:
+                self._seen.popitem(last=False)
+
+    def cost_report(self, grid_thw) -> dict:
+        """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory.
+
+        Returns a dict with `buckets` (one per program call: a chunk, tight ones for a grid that
+        recurs, see `tight_after`; on several devices one per mesh step, run by every device),
+        `compiled_flops` (the matmuls of those programs as they run: cost.dot_flops, summed over
+        devices), `ideal_flops` (analytic: the same matmuls on the real rows only, attention over
+        the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled programs' largest temp
+        allocation, per device), `patches` and `padded_patches` (summed over devices).
         """
         g = planlib.validate_grid(grid_thw, self.cfg)
-        buckets = self._buckets(g)
+        buckets = self._buckets(g)  # the next encode's: tight buckets for a grid that recurs
         copies = len(self.devices)  # 1 without a mesh: every device runs every step's bucket
         compiled = copies * sum(self._compiled_flops(b) for b in buckets)
         frames, windows = planlib.segment_lengths(g, self.cfg)
@@ -272,9 +310,10 @@ class VisionEncoder:
         }
 
     def _buckets(self, grid_thw) -> list[planlib.Bucket]:
-        """The bucket of each program call a request makes (a chunk, or a mesh step)."""
+        """The bucket of each program call the next encode of a request makes (a chunk, or a mesh
+        step)."""
         if self.mesh is None:
-            return [p.bucket for p in planlib.make_plans(grid_thw, self.cfg, self.policy)]
+            return [p.bucket for p in self._plans(grid_thw)]
         return [s.plan.bucket for s in devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))]
 
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
@@ -338,9 +377,13 @@ def _check_devices(devices) -> list[jax.Device]:
     return devices
 
 
+def _grid_key(grid_thw) -> tuple:
+    return tuple(map(tuple, np.asarray(grid_thw).tolist()))
+
+
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
     """Shapes of one bucket's inputs: (pixels, abstract plan)."""
-    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), jnp.float32 if dtype == "float32" else jnp.bfloat16)
+    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), dtype_named(dtype))
     return pixels, planlib.Plan.abstract(bucket)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, segment_attention, window_attention
+from qwen_vit_jax.plan import kernels
 
 
 def dense_reference(q, k, v, same):
@@ -32,14 +33,14 @@ def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=
 
 
 def tile_table(lengths, n, block, key_blocks, spare):
-    """The plan's tiles (plan._group_tiles) for frames of `lengths` rows in n rows, with key
+    """The plan's tiles (kernels.group_tiles) for frames of `lengths` rows in n rows, with key
     ranges of at most `key_blocks` blocks and `spare` unused tiles at the end."""
     grid = np.array([[1, 1, int(x)] for x in lengths], np.int64)  # frames of any length
-    fb0, fb1 = planlib._frame_blocks(grid, block)
+    first_block, last_block = kernels.frame_blocks(kernels.frame_starts(grid), block)
     nb = n // block
-    extra = planlib._group_tiles(fb0, fb1, nb, key_blocks, np.empty((5, 0), np.int32))
+    extra = kernels.group_tiles(first_block, last_block, nb, key_blocks, np.empty((5, 0), np.int32))
     tiles = np.zeros((5, nb + extra + spare), np.int32)
-    planlib._group_tiles(fb0, fb1, nb, key_blocks, tiles)
+    kernels.group_tiles(first_block, last_block, nb, key_blocks, tiles)
     return tiles, extra
 
 

@@ -60,11 +60,11 @@ def test_bad_input_is_a_clear_value_error(enc, px_shape, grid, match):
 
 
 def test_same_bucket_compiles_once(enc):
-    a, b = [[1, 8, 10]], [[1, 10, 8]]
+    a, b, c = [[1, 8, 10]], [[1, 10, 8]], [[1, 4, 20]]
     enc.encode(pixels(enc.cfg, a), a)
     count = enc.compile_count
     enc.encode(pixels(enc.cfg, b), b)  # same bucket
-    enc.encode(pixels(enc.cfg, a, seed=1), a)
+    enc.encode(pixels(enc.cfg, c, seed=1), c)
     assert enc.compile_count == count
     assert enc.warmup([a])[0] in enc.compile_seconds
 
@@ -197,3 +197,34 @@ def test_dot_flops_refuses_loops_without_a_trip_count():
                                                         (0, x)))(np.eye(4, dtype=np.float32))
     with pytest.raises(ValueError, match="while"):
         cost.dot_flops(jaxpr)
+
+
+def test_recurring_grid_gets_a_tight_bucket(enc):
+    """A grid seen before runs in rows rounded to its blocks, not the ladder's next rung: one more
+    program, the same embeddings (padding invariance), and cost_report says so in advance."""
+    cfg = enc.cfg
+    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1536 rung, tight 1080 = 9 blocks of 120
+    px = np.random.default_rng(0).standard_normal((1080, cfg.patch_dim)).astype(np.float32)
+    before = enc.compile_count
+    assert enc.cost_report(grid)["padded_patches"] == 1536
+    first = enc.encode(px, grid)
+    assert enc.cost_report(grid)["buckets"][0]["patches"] == 1080
+    outs = [enc.encode(px, grid) for _ in range(7)]
+    assert enc.compile_count == before + 2
+    for out in outs:
+        assert np.linalg.norm(out - first) <= 1e-6 * np.linalg.norm(first)
+    ladder = qvj.VisionEncoder(cfg, random_params(cfg), tight_after=None)
+    ladder.encode(px, grid)
+    assert ladder.cost_report(grid)["padded_patches"] == 1536
+
+
+def test_tight_rows():
+    tight = qvj.BucketPolicy(tight=True)
+    assert [tight.padded_rows(n) for n in (1296, 1080, 12960, 64, 60, 65)] == [1320, 1080, 13056, 64, 64, 68]
+    assert qvj.BucketPolicy().padded_rows(1296) == 1536
+    for n in range(65, 5000, 7):
+        rows = tight.padded_rows(n)
+        assert rows >= n and rows % tight.block_size(rows) == 0 and tight.block_size(rows) % 4 == 0
+        assert -(-rows // tight.block) == -(-n // tight.block)  # as many blocks as n needs
+    with pytest.raises(ValueError, match="tight"):
+        qvj.BucketPolicy(tight=1)

@@ -54,11 +54,11 @@ def _run_threads(n_threads, target):
 def test_four_threads_give_the_serial_results(tiny_dirs):
     inputs = [(_pixels(g, i), g) for i, g in enumerate(REQUESTS)]
     serial_enc = VisionEncoder.from_pretrained(tiny_dirs[1], policy=POLICY)
-    serial = [serial_enc.encode(px, g) for px, g in inputs]
+    ladder = [serial_enc.encode(px, g) for px, g in inputs]  # first encode of each grid: the ladder
+    tight = [serial_enc.encode(px, g) for px, g in inputs]  # a repeat: tight buckets (tight_after=2)
 
     # A fresh encoder and cold plan caches: compiles and plan builds race as well.
-    planlib._make_plan.cache_clear()
-    planlib._make_plans.cache_clear()
+    planlib.clear_caches()
     enc = VisionEncoder.from_pretrained(tiny_dirs[1], policy=POLICY)
     results = {}
 
@@ -70,10 +70,10 @@ def test_four_threads_give_the_serial_results(tiny_dirs):
                 results.setdefault(j, []).append(out)
 
     _run_threads(4, work)
-    for j, ref in enumerate(serial):
+    for j in range(len(inputs)):
         assert len(results[j]) == 8
-        for out in results[j]:
-            np.testing.assert_array_equal(out, ref)
+        for out in results[j]:  # whichever buckets a racing call planned with, bit for bit
+            assert np.array_equal(out, ladder[j]) or np.array_equal(out, tight[j])
     assert enc.compile_count == serial_enc.compile_count
     assert set(enc.compile_seconds) == set(serial_enc.compile_seconds)
 

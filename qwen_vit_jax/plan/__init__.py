@@ -1,0 +1,49 @@
+"""Host-side planning: every index the vision forward needs, built in numba from `grid_thw`.
+
+HF derives rotary ids, per-frame cu_seqlens and the Qwen2.5-VL window permutation with small
+data-dependent torch ops (and host syncs) on every call. Here they are pure functions of
+(grid_thw, config) computed on the host, padded to a static `Bucket`, cached by grid, and shipped
+to the device as one pytree; the jitted forward only ever sees bucket shapes. Read in this order:
+
+  reference.py  grid validation and the HF-exact index functions (`rotary_ids`,
+                `frame_cu_seqlens`, `window_index`), equal element for element to
+                `transformers.vision_utils`; `to_spatial` undoes HF's patch order.
+  kernels.py    the numba kernels: one walk over frames, one over windows, window packing,
+                full-attention tiles, the whole plan in one call, the optimal split.
+  buckets.py    static shapes: `Bucket`, `BucketPolicy` (the N_pad ladder), window-slot counts,
+                `split_grid` (a request above the token budget cut at frame boundaries).
+  contract.py   `Plan`, the form the device consumes (a registered pytree; the bucket is its
+                static metadata).
+  assembly.py   `make_plan` / `make_plans`: validation, caching, the buffer pool.
+
+Rows stay in the ORIGINAL pixel_values order (no permutation of the residual stream): full
+attention uses per-row frame ids plus a tile table (query blocks, split where they straddle long
+frames, with their key-block ranges), window attention gathers rows into fixed-size slots (whole
+windows packed by best-fit decreasing, told apart by window id) and scatters them back.
+"""
+
+from .assembly import BufferPool, clear_caches, make_plan, make_plans
+from .buckets import (
+    Bucket,
+    BucketPolicy,
+    chunk_penalty,
+    coarse_ladder_value,
+    split_grid,
+    typical_windows,
+    worst_windows,
+)
+from .contract import Plan
+from .reference import (
+    frame_cu_seqlens,
+    rotary_ids,
+    segment_lengths,
+    to_spatial,
+    validate_grid,
+    window_index,
+)
+
+__all__ = [
+    "Bucket", "BucketPolicy", "BufferPool", "Plan", "chunk_penalty", "clear_caches", "coarse_ladder_value",
+    "frame_cu_seqlens", "make_plan", "make_plans", "rotary_ids", "segment_lengths", "split_grid", "to_spatial",
+    "typical_windows", "validate_grid", "window_index", "worst_windows",
+]

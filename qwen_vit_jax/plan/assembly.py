@@ -1,0 +1,168 @@
+"""Plan assembly: `make_plan` / `make_plans`, their caches, and the buffer pool behind them.
+
+An uncached plan is on the request path whenever a grid is new, so it is cheap: the grid is
+validated once, the split is one numba call (skipped for a single frame), a chunk's plan one more
+(`kernels.build_plan`); what Python adds is scalar work and wrapping (an image ~15 us, a large
+request about one pass over its rows, on one core). Plans are cached by grid (a tuple of (t, h, w)
+rows) and shared, so their arrays are read-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import weakref
+
+import numpy as np
+
+from ..config import VisionConfig
+from . import kernels
+from .buckets import Bucket, BucketPolicy, split, typical_windows, worst_windows
+from .contract import Plan
+from .reference import validate_grid
+
+PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
+_EMPTY = np.empty(0, np.int32)
+
+
+class BufferPool:
+    """Recycled memory for the buffers of large plans.
+
+    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault (~2.5 us
+    each on a small VM: ~2 ms of a 3 ms plan for a jittered 130k-patch request, against a 1 ms
+    target; benchmarks/bench_plan.py). The pool keeps up to `max_bytes` of power-of-two blocks and
+    hands a block out again once nothing references the array made from it, so a long-running
+    process builds new plans (cache misses and evictions) into pages it has touched before.
+
+    A block is a bytearray; what is handed out is `np.frombuffer(block)`, and the pool keeps a weak
+    reference to it. Every view of it (the plan's arrays, numba's slices, a JAX array aliasing host
+    memory on CPU) keeps that array alive, because numpy stops collapsing a view's base at an array
+    whose own base is not an array; so a dead weak reference means no view is left. Buffers below
+    `min_items` int32 come from malloc's heap without faults: not pooled.
+    """
+
+    def __init__(self, min_items: int = 1 << 15, max_bytes: int = 32 << 20):
+        self.min_items, self.max_bytes = min_items, max_bytes
+        self._blocks: list[tuple[bytearray, list]] = []  # (memory, [weakref to the array handed out])
+        self._lock = threading.Lock()
+
+    @property
+    def blocks(self) -> int:
+        """Blocks the pool holds (in use or free)."""
+        return len(self._blocks)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool holds."""
+        return sum(len(block) for block, _ in self._blocks)
+
+    def take(self, n: int) -> np.ndarray:
+        """A writable int32 array of at least `n` items that no live array shares, or an empty
+        array (small `n`, or the pool is full: the caller allocates)."""
+        if n < self.min_items:
+            return _EMPTY
+        items = 1 << (n - 1).bit_length()
+        with self._lock:
+            for block, ref in self._blocks:
+                if len(block) == 4 * items and ref[0]() is None:
+                    return self._hand_out(block, ref)
+            if self.nbytes + 4 * items > self.max_bytes:
+                return _EMPTY
+            self._blocks.append((bytearray(4 * items), [None]))
+            return self._hand_out(*self._blocks[-1])
+
+    @staticmethod
+    def _hand_out(block: bytearray, ref: list) -> np.ndarray:
+        out = np.frombuffer(block, np.int32)
+        ref[0] = weakref.ref(out)
+        return out
+
+
+POOL = BufferPool()
+
+
+def make_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
+    """Validate `grid_thw` and return its (cached) `Plan`: ONE plan for the whole grid, never split
+    (N_pad = policy.padded_rows(N) even above max_patches)."""
+    g = validate_grid(grid_thw, cfg)
+    return _cached_plan(tuple(map(tuple, g.tolist())), cfg, policy or BucketPolicy())
+
+
+def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> list[Plan]:
+    """Validate `grid_thw` and return one (cached) `Plan` per chunk of `split_grid`, in order.
+
+    One plan for any request that fits the policy's largest bucket (max_patches); a larger one is
+    cut at frame boundaries. Each plan's grid_thw is its chunk's grid and its span says which rows
+    of the request's pixel_values it takes (`Plan.take`).
+    """
+    policy = policy or BucketPolicy()
+    g = validate_grid(grid_thw, cfg)
+    key = tuple(map(tuple, g.tolist()))
+    if len(key) == 1 and key[0][0] == 1:  # one frame (an image): one chunk, nothing to split
+        return [_cached_plan(key, cfg, policy)]
+    return list(_cached_plans(key, cfg, policy))
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _cached_plans(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> tuple[Plan, ...]:
+    """One plan per chunk. Chunks with the same frames share one plan's arrays: the plan is cached
+    under the chunk's merged rows, so the chunks of a long video ([[10, h, w], [2, h, w]],
+    [[8, h, w], [4, h, w]], ...) build one plan and differ only in grid_thw and span."""
+    chunks = split(np.array(grid, np.int64), policy)
+    total = sum(t * h * w for t, h, w in grid)
+    plans, offset = [], 0
+    for c in range(len(chunks)):
+        key = chunks.key(c)
+        plan = _cached_plan(tuple(map(tuple, key.tolist())), cfg, policy)
+        n = plan.n_patches
+        if len(key) != chunks.starts[c + 1] - chunks.starts[c]:  # rows were merged: the chunk's own grid
+            plan = dataclasses.replace(plan, grid_thw=_read_only(chunks.chunk(c).copy()))
+        if n != total:  # one chunk of several: its own rows of the request
+            plan = dataclasses.replace(plan, span=_span(offset, n, total))
+        plans.append(plan)
+        offset += n
+    return tuple(plans)
+
+
+@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
+    """Build one plan: the bucket's rows and block from the policy, everything else in one numba
+    call (kernels.build_plan)."""
+    g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
+    n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
+    n_pad = policy.padded_rows(n)
+    block = policy.block_size(n_pad)
+    w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
+    s = cfg.window_patches
+    window = cfg.window_merge if cfg.windowed else 0  # Qwen2-VL, or Qwen2.5-VL without window layers
+    # buffer size bound: W_pad <= w_worst; T <= NB + coarse(extras) <= NB + 4 F (a block's extra
+    # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
+    out = POOL.take(4 * n_pad + 2 * w_worst * s + 5 * (n_pad // block + 4 * n_frames))
+    buf, w_pad, kb, n_tiles = kernels.build_plan(g, cfg.spatial_merge_size, window, s, n_pad, block,
+                                                 w_typical, w_worst, out)
+    buf.setflags(write=False)  # before slicing: the views inherit it
+    pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)
+    tiles = buf[slot_end:tiles_end].reshape(5, n_tiles)
+    tokens, ids = buf[tiles_end:tokens_end].reshape(w_pad, s), buf[tokens_end:size].reshape(w_pad, s)
+    return Plan(bucket=Bucket(patches=n_pad, windows=w_pad, key_blocks=kb, block=block, tiles=n_tiles,
+                              window_rows=s),
+                pos_ids=buf[:pos_end].reshape(n_pad, 2), segment_ids=buf[pos_end:seg_end], window_tokens=tokens,
+                window_ids=ids, window_slot=buf[seg_end:slot_end], tile_block=tiles[0],
+                tile_first_frame=tiles[1], tile_last_frame=tiles[2], tile_key_start=tiles[3],
+                tile_key_count=tiles[4], span=_span(0, n, n), grid_thw=_read_only(g))
+
+
+def _span(offset: int, n: int, total: int) -> np.ndarray:
+    return _read_only(np.array([offset, n, total], np.int32))
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def clear_caches() -> None:
+    """Forget every cached plan (their buffers return to the pool once nothing else holds them)."""
+    _cached_plans.cache_clear()
+    _cached_plan.cache_clear()

@@ -1,0 +1,135 @@
+"""The Plan: one chunk of a request, planned for the device (the host-to-device contract).
+
+Built by `assembly.make_plans`; read by the model (`model.py`) and attention (`attention.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from .buckets import Bucket
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """One chunk of a request, planned for the device: the host-to-device contract of the forward.
+
+    A registered JAX pytree. Its leaves are the int32 index arrays below (and `span`); its static
+    metadata is the `bucket` alone, so a `jax.jit` taking a Plan compiles once per bucket, whatever
+    the grid; `jax.device_put(plan)` moves every array in one call; `Plan.abstract(bucket)` is the
+    shape-only plan of a bucket, for ahead-of-time compiles. Host arrays are read-only (plans are
+    shared through the cache). N = n_patches, N_pad = bucket.patches, B = bucket.block,
+    S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, KB = bucket.key_blocks.
+
+    Rows stay in the request's original order (frames contiguous, each run of merge_unit rows one
+    merge unit); rows N .. N_pad - 1 are padding.
+
+    Window attention: slot w holds whole windows packed one after another (window_tokens[w] their
+    rows, window_ids[w] their window ids); a row attends to the keys of its slot with the same
+    window id (window_ids[q] == window_ids[k] != -1).
+
+    Full attention: tile t is query block tile_block[t] restricted to frames tile_first_frame[t] ..
+    tile_last_frame[t], whose keys lie in the tile_key_count[t] (<= KB) key blocks from
+    tile_key_start[t]. Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest are extra tiles
+    for blocks that straddle frames (attention.segment_attention adds them back). An empty tile has
+    first frame 0, last frame -1 and key count 0.
+
+    `grid_thw` (this chunk's grid) is host-only: a Plan rebuilt from its leaves (after
+    `jax.device_put`, or inside a traced function) has grid_thw None. `span` travels as a leaf, so
+    `n_patches`, `take` and `unpad` work on any concrete plan.
+    """
+
+    bucket: Bucket
+    pos_ids: np.ndarray  # int32 [N_pad, 2] rotary (h, w) ids; padding rows 0
+    segment_ids: np.ndarray  # int32 [N_pad] frame index, -1 for padding rows
+    window_tokens: np.ndarray  # int32 [W_pad, S] row at each slot entry, -1 = empty
+    window_ids: np.ndarray  # int32 [W_pad, S] window (0..W-1, HF order) at each slot entry, -1 = empty
+    window_slot: np.ndarray  # int32 [N_pad] flat slot entry (w * S + j) of each real row; padding 0
+    tile_block: np.ndarray  # int32 [T] query block of each full-attention tile
+    tile_first_frame: np.ndarray  # int32 [T] first frame of the tile's run of frames
+    tile_last_frame: np.ndarray  # int32 [T] last frame of the run (-1: empty tile)
+    tile_key_start: np.ndarray  # int32 [T] first key block of the tile's frames
+    tile_key_count: np.ndarray  # int32 [T] key blocks of the tile's frames (0..KB)
+    span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
+    grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
+
+    ARRAYS = ("pos_ids", "segment_ids", "window_tokens", "window_ids", "window_slot", "tile_block",
+              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span")
+
+    @classmethod
+    def abstract(cls, bucket: Bucket) -> Plan:
+        """The plan of `bucket` as shape/dtype structs (what `jax.jit(...).lower` takes)."""
+        n, t, w, s = bucket.patches, bucket.tiles, bucket.windows, bucket.window_rows
+        shapes = dict(pos_ids=(n, 2), segment_ids=(n,), window_tokens=(w, s), window_ids=(w, s), window_slot=(n,),
+                      tile_block=(t,), tile_first_frame=(t,), tile_last_frame=(t,), tile_key_start=(t,),
+                      tile_key_count=(t,), span=(3,))
+        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.int32) for k, v in shapes.items()})
+
+    @property
+    def offset(self) -> int:
+        """This chunk's first row in the request's pixel_values."""
+        return self._span(0)
+
+    @property
+    def n_patches(self) -> int:
+        """Real rows (patches) of this chunk."""
+        return self._span(1)
+
+    @property
+    def request_patches(self) -> int:
+        """Rows of the whole request this chunk was planned from."""
+        return self._span(2)
+
+    def _span(self, i: int) -> int:
+        try:
+            return int(self.span[i])
+        except Exception as e:  # a traced plan: jax.errors.ConcretizationTypeError and kin
+            raise TypeError("this Plan is traced (it was passed into a jitted function): row counts and "
+                            "unpad/take need a concrete plan; close over the plan instead of passing it "
+                            "as an argument, or call unpad outside the function") from e
+
+    def take(self, pixel_values, dtype=None) -> np.ndarray:
+        """This chunk's rows of the request's pixel_values, zero-padded to the bucket.
+
+        Args:
+          pixel_values: [request_patches, patch_dim] the whole request's rows (HF patch order).
+          dtype: of the result (default: pixel_values' dtype if floating, else float32).
+        Returns:
+          np.ndarray [bucket.patches, patch_dim]: rows offset .. offset + n_patches, then zeros.
+        """
+        px = np.asarray(pixel_values)
+        if px.ndim != 2:
+            raise ValueError(f"pixel_values must be 2-D [N, patch_dim], got shape {px.shape}")
+        if px.shape[0] != self.request_patches:
+            raise ValueError(f"pixel_values has {px.shape[0]} rows but the plan's request has "
+                             f"sum(t*h*w) = {self.request_patches}")
+        if dtype is None:
+            dtype = px.dtype if np.issubdtype(px.dtype, np.floating) else np.float32
+        out = np.zeros((self.bucket.patches, px.shape[1]), dtype)  # [N_pad, P]
+        a, n = self.offset, self.n_patches
+        out[:n] = px[a:a + n]
+        return out
+
+    def unpad(self, y):
+        """The real rows of a forward output: y[..., :rows, :] where y's second-to-last axis has the
+        bucket's patch rows (hidden states: n_patches real rows) or its merged rows, bucket.patches
+        / merge_unit (tokens: n_patches / merge_unit real rows). NumPy or JAX arrays; inside a
+        traced function only for a plan it closes over."""
+        rows, padded = y.shape[-2], self.bucket.patches
+        if rows == 0 or padded % rows or self.n_patches % (padded // rows):
+            raise ValueError(f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
+                             f"{padded} patch rows (or that divided by the merge unit)")
+        return y[..., :self.n_patches // (padded // rows), :]
+
+    def _flatten_with_keys(self):
+        return [(jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self.ARRAYS], self.bucket
+
+    @classmethod
+    def _unflatten(cls, bucket, leaves):
+        return cls(bucket, *leaves)
+
+
+jax.tree_util.register_pytree_with_keys(Plan, Plan._flatten_with_keys, Plan._unflatten)
