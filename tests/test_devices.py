@@ -64,6 +64,17 @@ def test_steps_route_every_frame_back(name, grid, max_patches, n_devices):
         assert len(steps) == 1
 
 
+def test_steps_with_tight_buckets():
+    """BucketPolicy(tight=True): every device's shard is padded to the busiest one's tight size."""
+    policy = planlib.BucketPolicy(tight=True)
+    g = np.array(CASES[0][1])
+    px = np.random.default_rng(0).standard_normal((int(np.prod(g, 1).sum()), 8)).astype(np.float32)
+    (step,) = devlib.plan_steps(g, TINY, policy, 4)
+    assert step.plan.bucket.patches == policy.padded_rows(max(step.rows)) < policy.rung(max(step.rows))
+    got = _fake_forward(step.take(px, np.float32)).reshape(-1, 8)[step.gather]
+    np.testing.assert_array_equal(got, _fake_forward(px))
+
+
 def test_balance_largest_first():
     assert devlib.balance(np.array([5, 1, 9, 3, 3, 7]), 2) == [[2, 3, 4], [0, 1, 5]]  # 15 vs 13
     assert devlib.balance(np.array([4, 4, 4]), 4) == [[0], [1], [2], []]
