@@ -6,6 +6,8 @@
     emb = enc.encode(pixel_values, grid_thw)      # [N // 4, out_dim]
     embs = enc.encode_images(images)              # one [tokens, out_dim] array per image
     pv, thw = qvj.preprocess_images(images)
+    enc = qvj.VisionEncoder.from_pretrained(out_dir, devices=jax.local_devices())  # several devices
+    e = qvj.read_embeddings("emb.safetensors")    # what `qwen-vit-jax encode` wrote (or its shards)
 
     model = qvj.load_model(out_dir)               # the nnx.Module, for your own jit / grad
     for plan in qvj.make_plans(thw, model.cfg):   # one Plan (a pytree) per chunk
@@ -23,6 +25,9 @@ _EXPORTS = {
     "convert_checkpoint": "convert",
     "VisionEncoder": "encoder",
     "enable_compilation_cache": "encoder",
+    "Embeddings": "embeddings",
+    "read_embeddings": "embeddings",
+    "write_embeddings": "embeddings",
     "Bucket": "plan",
     "BucketPolicy": "plan",
     "Plan": "plan",

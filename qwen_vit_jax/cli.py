@@ -4,7 +4,12 @@
     qwen-vit-jax convert ~/Qwen2.5-VL-3B-Instruct q3b    # HF checkpoint -> our params
     qwen-vit-jax verify ~/Qwen2.5-VL-3B-Instruct q3b     # vs HF transformers (needs torch)
     qwen-vit-jax encode q3b photos/ -o photos.safetensors
+    qwen-vit-jax encode q3b photos/ -o emb.safetensors --coordinator h0:1234 --num-processes 2 --process-id 0
     qwen-vit-jax bench q3b --sizes 16x16,36x36
+
+Argument parsing and command glue. The embeddings file format is embeddings.py (re-exported here
+for old users: `qwen_vit_jax.cli.read_embeddings`), batching and progress batching.py, several
+processes multihost.py.
 
 Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
 (1; 2 for bad usage and for `verify` without torch / transformers), never a traceback for a bad
@@ -16,23 +21,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import pathlib
-import queue
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from qwen_vit_jax.batching import Progress, pack, prefetch
+from qwen_vit_jax.embeddings import (  # noqa: F401 (read_embeddings: re-exported, its old home)
+    FORMAT,
+    LAYOUT,
+    VERSION,
+    Embeddings,
+    read_embeddings,
+    write_embeddings,
+)
+
 PROG = "qwen-vit-jax"
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm",
                             ".pgm", ".pbm", ".pnm", ".tga", ".jfif"})
-EMBEDDINGS_FORMAT, EMBEDDINGS_VERSION = "qwen_vit_jax.embeddings", 1
 SAVE_EVERY_S = 600.0  # encode rewrites OUT with the images done so far at most this often
 
 
@@ -44,146 +55,7 @@ def _error(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
 
 
-# ---- the embeddings file (encode's output) ------------------------------------------------------
-ENCODE_LAYOUT = """\
-output layout (.safetensors or .npz, chosen by OUT's extension), k images, T tokens in all:
-  embeddings  float32 [T, D]   every image's merged tokens, images concatenated in input order
-  grid_thw    int64   [k, 3]   (t, h, w) patch grid of each image (t = 1)
-  offsets     int64   [k + 1]  image i is embeddings[offsets[i]:offsets[i+1]]
-                               ((h / 2) * (w / 2) tokens in raster order over the merged grid)
-  names       the source path of each image, as given on the command line (a folder joined
-              with the file name): .npz an array `names` [k] of str; .safetensors the JSON
-              list in the header metadata under "names"
-  metadata    format, version, checkpoint, dtype and preprocessing settings: .npz a JSON
-              string `metadata`; .safetensors the header metadata
-Read it back with numpy (np.load(OUT)) or safetensors, or qwen_vit_jax.cli.read_embeddings(OUT).
-"""
-
-
-@dataclasses.dataclass
-class Embeddings:
-    """The contents of an embeddings file (see ENCODE_LAYOUT)."""
-
-    embeddings: np.ndarray  # float32 [T, D]
-    grid_thw: np.ndarray  # int64 [k, 3]
-    offsets: np.ndarray  # int64 [k + 1]
-    names: list[str]
-    metadata: dict
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        """Image i's tokens: [offsets[i+1] - offsets[i], D]."""
-        return self.embeddings[self.offsets[i]:self.offsets[i + 1]]
-
-
-def _suffix(path: pathlib.Path) -> str:
-    s = path.suffix.lower()
-    if s not in (".safetensors", ".npz"):
-        raise CommandError(f"{path}: the output must end in .safetensors or .npz, "
-                           f"got {s or 'no extension'!r}")
-    return s
-
-
-def read_embeddings(path: str | os.PathLike) -> Embeddings:
-    """Read a file written by `qwen-vit-jax encode` (either format), with its layout checked."""
-    from qwen_vit_jax.convert import SafetensorsFile
-
-    path = pathlib.Path(path)
-    suffix = _suffix(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    try:
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-            meta = json.loads(str(arrays.pop("metadata")))
-            names = [str(n) for n in arrays.pop("names")]
-        else:
-            f = SafetensorsFile(path)
-            arrays = {k: np.array(f.get(k)) for k in f.entries}  # copies: the file may be replaced later
-            meta = dict(f.metadata)
-            names = json.loads(meta.pop("names"))
-            meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
-        e = Embeddings(arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta)
-    except (KeyError, ValueError, TypeError, OSError) as err:  # OSError: a corrupt zip
-        raise CommandError(f"{path}: not an embeddings file written by `{PROG} encode` ({err!r})") from None
-    k = len(e.names)
-    ok = (meta.get("format") == EMBEDDINGS_FORMAT and meta.get("version") == EMBEDDINGS_VERSION
-          and e.embeddings.ndim == 2 and e.grid_thw.shape == (k, 3) and e.offsets.shape == (k + 1,)
-          and e.offsets[0] == 0 and e.offsets[-1] == len(e.embeddings) and np.all(np.diff(e.offsets) >= 0))
-    if not ok:
-        raise CommandError(f"{path}: not a version-{EMBEDDINGS_VERSION} embeddings file written by "
-                           f"`{PROG} encode`, or its arrays are inconsistent")
-    return e
-
-
-def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
-    """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
-    from qwen_vit_jax.convert import write_safetensors
-
-    path = pathlib.Path(path)
-    suffix = _suffix(path)
-    arrays = {"embeddings": np.asarray(e.embeddings, np.float32),
-              "grid_thw": np.asarray(e.grid_thw, np.int64), "offsets": np.asarray(e.offsets, np.int64)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        if suffix == ".npz":
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays, names=np.array(e.names, dtype=str),
-                         metadata=np.array(json.dumps(e.metadata)))
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            os.close(fd)
-            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in e.metadata.items()}
-            write_safetensors(tmp, arrays, dict(meta, names=json.dumps(e.names)))
-        umask = os.umask(0o22)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # ---- encode ---------------------------------------------------------------------------------------
-class Progress:
-    """A one-line progress bar on stderr: done / total, rate, ETA. Redrawn in place on a terminal;
-    elsewhere (a log, a pipe) a line at most every 10 s and a final one."""
-
-    def __init__(self, total: int, unit: str = "images", stream=None):
-        self.total, self.unit, self.done = total, unit, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty()
-        self.t0 = self.last = time.perf_counter()
-        self.shown = -1  # the count last drawn
-
-    def update_to(self, done: int) -> None:
-        """Set the count of finished items to `done`."""
-        self.done = done
-        now = time.perf_counter()
-        due = now - self.last >= (0.1 if self.tty else 10.0) or done >= self.total
-        if due and done != self.shown:
-            self.last, self.shown = now, done
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        elapsed = max(now - self.t0, 1e-9)
-        rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * round(24 * frac) + "." * (24 - round(24 * frac))
-        line = (f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  "
-                f"{elapsed:.0f}s elapsed" + (f", ~{eta:.0f}s left" if self.done < self.total else ""))
-        self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 def find_images(inputs: Iterable[str], recursive: bool = False) -> list[str]:
     """Files as given, folders expanded to their image files (sorted by name, hidden files and
     non-image suffixes skipped; sub-folders only with `recursive`). Duplicates are dropped."""
@@ -218,112 +90,82 @@ def load_image(path: str):
         return ImageOps.exif_transpose(im)
 
 
-def _batches(paths: list[str], preprocess, batch_patches: int,
-             failed: list[tuple[str, str]]) -> Iterator[list]:
-    """Load and preprocess `paths` in order, yielding lists of (name, pixel_values, grid_thw) of at
-    most `batch_patches` patches (an image larger than that alone). A file that cannot be read or
-    preprocessed is recorded in `failed` as (path, reason) and skipped."""
+def _load_images(paths: list[str], preprocess, failed: list[tuple[str, str]]) -> Iterator[tuple]:
+    """(name, pixel_values, grid_thw) of each of `paths` that loads and preprocesses, in order; a
+    file that does not is recorded in `failed` as (path, reason) and skipped."""
     from qwen_vit_jax.preprocess import preprocess_images
 
-    batch, size = [], 0
     for path in paths:
         try:
             pv, grid = preprocess_images([load_image(path)], config=preprocess)
         except Exception as e:  # noqa: BLE001 (any decoder / preprocessing failure: name the file, go on)
             failed.append((path, f"{type(e).__name__}: {e}"))
             continue
-        if batch and size + len(pv) > batch_patches:
-            yield batch
-            batch, size = [], 0
-        batch.append((path, pv, grid))
-        size += len(pv)
-    if batch:
-        yield batch
-
-
-def _prefetch(it: Iterator, depth: int = 2) -> Iterator:
-    """Run `it` in a background thread, `depth` items ahead: image decoding and resizing (PIL and
-    numpy release the GIL) overlap the device's work on the previous batch. Closing the returned
-    generator (or an error in the consumer) stops the thread."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    end = object()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def work():
-        try:
-            for x in it:
-                if not put((x, None)):
-                    return
-        except BaseException as e:  # noqa: BLE001 (re-raised in the consumer)
-            put((None, e))
-            return
-        put((end, None))
-
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    try:
-        while True:
-            x, err = q.get()
-            if err is not None:
-                raise err
-            if x is end:
-                return
-            yield x
-    finally:
-        stop.set()
-        thread.join()
+        yield path, pv, grid
 
 
 def cmd_encode(args) -> int:
+    from qwen_vit_jax import multihost
+    from qwen_vit_jax.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+
     out = pathlib.Path(args.output)
-    _suffix(out)
+    check_suffix(out)
     if not out.parent.is_dir():
         raise CommandError(f"output folder not found: {out.parent}")
-    if out.exists() and not (args.resume or args.overwrite):
-        raise CommandError(f"{out} exists: --resume adds the missing inputs to it, --overwrite replaces it")
     try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
         tempfile.TemporaryFile(dir=out.parent).close()
     except OSError as e:
         raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
+    if args.batch_patches is not None and args.batch_patches <= 0:
+        raise CommandError(f"--batch-patches must be positive, got {args.batch_patches}")
+    # before anything touches a device: jax.distributed must start first
+    cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    sharded = cluster.count > 1
+    if sharded and out.exists():
+        raise CommandError(f"{out} exists as a single file, which read_embeddings({out.name}) would read instead "
+                           "of this run's shards: move or delete it")
+    target = shard_path(out, cluster.index, cluster.count) if sharded else out  # what this process writes
+    # Every process checks every shard, so that all of them stop here together (on a shared file system).
+    shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
+    if (found := [p for p in shards if p.exists()]) and not (args.resume or args.overwrite):
+        raise CommandError(f"{found[0]} exists: --resume adds the missing inputs to it, --overwrite replaces it")
     paths = find_images(args.inputs, args.recursive)
     if not paths:
         raise CommandError("no input images found (folders are searched for "
                            f"{', '.join(sorted(IMAGE_SUFFIXES))}; --recursive for sub-folders)")
-    if args.batch_patches is not None and args.batch_patches <= 0:
-        raise CommandError(f"--batch-patches must be positive, got {args.batch_patches}")
 
     enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
     limits = (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
-    over = {k: v for k, v in limits if v is not None}
-    preprocess = dataclasses.replace(enc.preprocess, **over)
-    meta = {"format": EMBEDDINGS_FORMAT, "version": EMBEDDINGS_VERSION,
-            "checkpoint": str(pathlib.Path(args.checkpoint).resolve()), "dtype": enc.dtype,
-            "preprocess": preprocess.to_dict()}
-
-    old = None
-    if args.resume and out.exists():
-        old = read_embeddings(out)
+    preprocess = dataclasses.replace(enc.preprocess, **{k: v for k, v in limits if v is not None})
+    meta = {"format": FORMAT, "version": VERSION, "checkpoint": str(pathlib.Path(args.checkpoint).resolve()),
+            "dtype": enc.dtype, "preprocess": preprocess.to_dict()}
+    old, done = None, set()
+    if args.resume and target.exists():
+        old = read_embeddings(target)
         for key in ("checkpoint", "dtype", "preprocess"):
             if old.metadata.get(key) != meta[key]:
-                raise CommandError(f"--resume: {out} was written with {key} {old.metadata.get(key)!r}, "
+                raise CommandError(f"--resume: {target} was written with {key} {old.metadata.get(key)!r}, "
                                    f"this run uses {meta[key]!r}; mixing them in one file would be "
                                    "silently wrong")
         done = set(old.names)
-        todo = [p for p in paths if p not in done]
-        print(f"resume: {len(paths) - len(todo)} of {len(paths)} inputs already in {out}", file=sys.stderr)
-        if not todo:
+    if args.resume and sharded:  # what the other processes' shards hold is done too
+        for i in range(cluster.count):
+            if i != cluster.index and shard_path(out, i, cluster.count).exists():
+                done.update(read_names(shard_path(out, i, cluster.count)))
+    if sharded:  # every process has read the shards before any process writes one
+        multihost.barrier("qwen_vit_jax encode: start")
+    todo = [p for p in paths if p not in done]
+    if args.resume:
+        where = f"the shards of {out}" if sharded else str(out)
+        print(f"resume: {len(paths) - len(todo)} of {len(paths)} inputs already in {where}", file=sys.stderr)
+        if not todo and not sharded:
             print(f"nothing to do: {out} holds all {len(paths)} inputs")
             return 0
-        paths = todo
+    # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
+    paths = multihost.share(todo, preprocess, cluster)
+    if sharded:
+        print(f"process {cluster.index} of {cluster.count}: {len(paths)} of {len(todo)} inputs -> {target}",
+              file=sys.stderr)
 
     failed: list[tuple[str, str]] = []
     names: list[str] = []
@@ -331,20 +173,16 @@ def cmd_encode(args) -> int:
     embs: list[np.ndarray] = []  # [tokens, D] each
 
     def save() -> None:
-        """Write what is done so far (old file + new images) to OUT, atomically."""
-        lengths = [len(e) for e in embs]
-        parts = (names, grids, embs) if old is None else (
-            old.names + names, [old.grid_thw, *grids], [old.embeddings, *embs])
-        if old is not None:
-            lengths = [*np.diff(old.offsets).tolist(), *lengths]
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        write_embeddings(out, Embeddings(np.concatenate(parts[2]), np.concatenate(parts[1]), offsets,
-                                         list(parts[0]), meta))
+        """Write what is done so far (old file + new images) to the target, atomically."""
+        new = Embeddings(np.concatenate([np.zeros((0, enc.cfg.out_dim), np.float32), *embs]),
+                         np.concatenate([np.zeros((0, 3), np.int64), *grids]),
+                         np.concatenate([[0], np.cumsum([len(e) for e in embs])]).astype(np.int64), names, meta)
+        write_embeddings(target, new if old is None else Embeddings.concatenate([old, new], meta))
 
     batch_patches = args.batch_patches or enc.max_batch_patches
     t0 = last_save = time.perf_counter()
     progress = Progress(len(paths))
-    batches = _prefetch(_batches(paths, preprocess, batch_patches, failed))
+    batches = prefetch(pack(_load_images(paths, preprocess, failed), batch_patches, lambda item: len(item[1])))
     try:
         for batch in batches:
             grid = np.concatenate([g for _, _, g in batch])
@@ -361,7 +199,7 @@ def cmd_encode(args) -> int:
     except KeyboardInterrupt:
         if names:
             save()
-            raise CommandError(f"interrupted: {len(names)} new images written to {out}; "
+            raise CommandError(f"interrupted: {len(names)} new images written to {target}; "
                                "the same command with --resume continues") from None
         raise
     finally:
@@ -370,21 +208,31 @@ def cmd_encode(args) -> int:
     seconds = time.perf_counter() - t0
     for path, reason in failed:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
-    if not names:
+    if not names and paths and not sharded:
         raise CommandError(f"none of the {len(paths)} inputs could be read; nothing written")
-    save()
-    total = len(names) + (0 if old is None else len(old.names))
+    save()  # with several processes also an empty shard: the set must be complete
+    held = len(names) + (0 if old is None else len(old.names))
     print(f"encoded {len(names)} images ({sum(len(e) for e in embs):,} tokens x {enc.cfg.out_dim}) in "
-          f"{seconds:.1f} s ({len(names) / seconds:.1f} images/s; {enc.compile_count} program(s) compiled in "
-          f"{sum(enc.compile_seconds.values()):.1f} s) -> {out} ({total} images)")
+          f"{seconds:.1f} s ({len(names) / max(seconds, 1e-9):.1f} images/s on {len(enc.devices)} device(s); "
+          f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
+          f"({held} images)")
+    if sharded:
+        multihost.barrier("qwen_vit_jax encode: all shards written")
+        if cluster.index == 0:
+            write_index(out, cluster.count)
+            print(f"index: {index_path(out)} lists the {cluster.count} shards; read them with "
+                  f"qwen_vit_jax.read_embeddings({str(out)!r})")
     if failed:
         raise CommandError(f"{len(failed)} of {len(paths)} inputs could not be read (listed above); "
-                           f"{out} holds the others: fix or remove them and rerun with --resume")
+                           f"{target} holds the others: fix or remove them and rerun with --resume")
     return 0
 
 
 def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
-    """VisionEncoder.from_pretrained with a hint when handed an unconverted HF checkpoint."""
+    """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
+    them when there are several), with a hint when handed an unconverted HF checkpoint."""
+    import jax
+
     from qwen_vit_jax.convert import PARAMS_FILE
     from qwen_vit_jax.encoder import VisionEncoder
 
@@ -392,7 +240,9 @@ def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None)
     if ckpt.is_dir() and not (ckpt / PARAMS_FILE).exists() and any(ckpt.glob("model*.safetensors*")):
         raise CommandError(f"{ckpt} looks like an HF checkpoint; convert it first: "
                            f"{PROG} convert {ckpt} OUT_DIR")
-    return VisionEncoder.from_pretrained(ckpt, dtype=dtype, compilation_cache_dir=compile_cache)
+    devices = jax.local_devices()
+    return VisionEncoder.from_pretrained(ckpt, dtype=dtype, compilation_cache_dir=compile_cache,
+                                         devices=devices if len(devices) > 1 else None)
 
 
 # ---- verify ---------------------------------------------------------------------------------------
@@ -522,7 +372,7 @@ merged-token embeddings to one file, atomically (a temporary file renamed into p
 Preprocessing follows the checkpoint's preprocessor_config.json (HF's defaults without one),
 with EXIF orientation applied.
 
-{ENCODE_LAYOUT}
+{LAYOUT}
 unreadable inputs: a file that cannot be decoded or preprocessed is skipped with a warning
 naming it; the others are encoded and written, and the exit status is 1. Fix or remove the
 file, then rerun the same command with --resume to add it.
@@ -531,6 +381,16 @@ interruptions: OUT is rewritten with the images done so far every 10 minutes and
 the same command with --resume continues from there. The embeddings are held in memory until
 written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's D = 2048), so
 encode very large collections into several files.
+
+devices: all of this process's devices (jax.local_devices()) share each call, frames balanced
+across them; --batch-patches defaults to 16384 patches per device.
+
+several processes / hosts: run the same command on the same inputs in every process, with
+--coordinator HOST:PORT --num-processes N --process-id I (or --distributed under SLURM, Open MPI,
+a Cloud TPU slice or Kubernetes). The inputs are cut into N consecutive slices of nearly equal
+patch count; process I writes OUT-stem-0000I-of-0000N.suffix (e.g. emb-00001-of-00002.safetensors),
+and process 0, once every shard exists, OUT.index.json. qwen_vit_jax.read_embeddings(OUT) reads
+the set in input order. --resume works per shard (same inputs, same N). See docs/multi_device.md.
 """
 
 VERIFY_HELP = """\
@@ -592,8 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
     p.add_argument("--batch-patches", type=int, metavar="N",
-                   help="most patches per forward call (default: the encoder's, 16384); larger batches "
-                        "amortise per-call costs, smaller ones use less memory")
+                   help="most patches per forward call (default: the encoder's, 16384 per device); larger "
+                        "batches amortise per-call costs, smaller ones use less memory")
     p.add_argument("--min-pixels", type=int, metavar="N", help="override the preprocessing min_pixels")
     p.add_argument("--max-pixels", type=int, metavar="N",
                    help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full "
@@ -601,6 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache", metavar="DIR",
                    help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
                         "loads them instead of compiling")
+    g = p.add_argument_group("several processes (one shard of OUT each)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
+    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    g.add_argument("--distributed", action="store_true",
+                   help="let jax.distributed.initialize() find the cluster (SLURM, Open MPI, Cloud TPU, "
+                        "Kubernetes) instead of the three flags above")
 
     p = sub.add_parser("verify", formatter_class=fmt, help="compare with HF transformers on random inputs "
                        "(needs torch)", description=VERIFY_HELP,

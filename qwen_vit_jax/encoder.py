@@ -8,6 +8,11 @@ frame boundaries into chunks that fill buckets well), pad pixels to each bucket,
 pixels and plans on the device in one `jax.device_put`, run each bucket's compiled
 program (compiled once, ahead of time, from shapes only) and fetch the results. Nothing
 is copied back before that fetch; the forward has no host callbacks.
+
+With `devices=[...]` (several local devices) the frames of a call are balanced across a
+`jax.sharding.Mesh` instead (devices.py): every device runs the same bucket, the parameters are
+replicated, one `shard_map` program per bucket serves the mesh, and the results come back in
+request order.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from qwen_vit_jax import cost
+from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
+from qwen_vit_jax.batching import pack
 from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, as_bits, fill_state
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
@@ -63,13 +72,17 @@ class VisionEncoder:
       dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
         accumulation, residual stream and softmax).
       policy: the bucket ladder (plan.BucketPolicy).
-      device: where to run (default: jax.devices()[0]).
+      device: where to run (default: this process's first device, jax.local_devices()[0]).
+      devices: several local devices to share the work (frames balanced across them, largest
+        first; parameters replicated on each). Exclusive with `device`; one device is `device`.
       preprocess: image preprocessing for encode_images / encode_video (default: HF's).
-      max_batch_patches: encode_images packs images into calls of at most this many patches.
+      max_batch_patches: encode_images packs images into calls of at most this many patches
+        (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
       tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
         rows rounded only as far as attention blocks need instead of up to the ladder's next rung
         (BucketPolicy.tight): one more program for a size that recurs (a dataset resized to one
         resolution, a video stream's chunks), no ladder padding after. None: the ladder only.
+        One device only: on several devices pass policy=BucketPolicy(tight=True) instead.
       max_tight_buckets: at most this many tight buckets are compiled; later recurring grids stay on
         the ladder (a stream of distinct sizes never recurs: its compile bound is the ladder's).
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
@@ -85,8 +98,9 @@ class VisionEncoder:
         dtype: str = "float32",
         policy: planlib.BucketPolicy | None = None,
         device: jax.Device | None = None,
+        devices: list[jax.Device] | None = None,
         preprocess: PreprocessConfig | None = None,
-        max_batch_patches: int = 16384,
+        max_batch_patches: int | None = None,
         tight_after: int | None = 2,
         max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
@@ -94,11 +108,16 @@ class VisionEncoder:
         if compilation_cache_dir is not None:
             enable_compilation_cache(compilation_cache_dir)
         self.cfg = cfg
-        self.device = device or jax.devices()[0]
+        if devices is not None and device is not None:
+            raise ValueError("pass either device= or devices=, not both")
+        self.devices = _check_devices(devices) if devices is not None else [device or jax.local_devices()[0]]
+        self.device = self.devices[0]
+        # The data axis of several devices; None for one (the single-device path, unchanged).
+        self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
-        self.max_batch_patches = max_batch_patches
+        self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
         self.tight_after, self.max_tight_buckets = tight_after, max_tight_buckets
@@ -106,7 +125,9 @@ class VisionEncoder:
         self._tight_buckets: set[planlib.Bucket] = set()
         self._seen_lock = threading.Lock()
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
-        self._state = as_bits(fill_state(abstract, params, self.num, self.device))
+        # Several devices: replicated (every device holds all parameters), placed in one go.
+        where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
+        self._state = as_bits(fill_state(abstract, params, self.num, where))
         self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
         # Held while compiling: two threads asking for the same new bucket compile it once.
         self._compile_lock = threading.Lock()
@@ -156,6 +177,8 @@ class VisionEncoder:
           deepstack mergers. A Qwen3-VL program always computes them (its language model takes
           them with every image); they are copied to the host only when asked for.
         """
+        if self.mesh is not None:
+            return self._encode_mesh(pixel_values, grid_thw, check_finite, return_deepstack)
         plans, pixels = self._prepare(pixel_values, grid_thw, check_finite)
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
@@ -168,6 +191,23 @@ class VisionEncoder:
         features = [np.concatenate([p.unpad(np.asarray(o[1][k])) for p, o in zip(plans, outs)])
                     for k in range(self.cfg.num_deepstack)]
         return tokens, features
+
+    def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool, return_deepstack: bool):
+        """encode on several devices: frames balanced over the mesh, one program call per step
+        (devices.py), all steps' inputs in one transfer, results put back in request order."""
+        steps = devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))  # validates grid_thw
+        px = self._pixels(pixel_values, grid_thw, check_finite)
+        shards = NamedSharding(self.mesh, P("data"))  # leading [D] axis of every input, one slice per device
+        inputs = jax.device_put([(s.take(px, dtype_named(self.dtype)), s.plan) for s in steps], shards)
+        outs = [self._program(p.bucket)(self._state, x, p) for x, p in inputs]  # (tokens, features) each
+
+        def gather(arrays):  # one [D, N_pad / mu, out] per step -> the request's rows in order
+            return np.concatenate([np.asarray(a).reshape(-1, a.shape[-1])[s.gather] for s, a in zip(steps, arrays)])
+
+        tokens = gather([o[0] for o in outs])
+        if not return_deepstack:
+            return tokens
+        return tokens, [gather([o[1][k] for o in outs]) for k in range(self.cfg.num_deepstack)]
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
@@ -188,34 +228,32 @@ class VisionEncoder:
     def _encode_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Encode (pixel_values, grid_thw) items, packing consecutive ones into calls of at
         most max_batch_patches patches (a larger item runs alone)."""
-        out, batch, size = [], [], 0
-        for item in [*items, None]:
-            n = 0 if item is None else len(item[0])
-            if batch and (item is None or size + n > self.max_batch_patches):
-                emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
-                cuts = np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]
-                out.extend(np.split(emb, cuts))
-                batch, size = [], 0
-            if item is not None:
-                batch.append(item)
-                size += n
+        out = []
+        for batch in pack(items, self.max_batch_patches, lambda item: len(item[0])):
+            emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
+            out.extend(np.split(emb, np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]))
         return out
 
     def warmup(self, grids) -> list[planlib.Bucket]:
         """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
         buckets = []
         for g in grids:
-            for plan in self._plans(g):
-                self._program(plan.bucket)
-                buckets.append(plan.bucket)
+            for bucket in self._buckets(g):
+                self._program(bucket)
+                buckets.append(bucket)
         return buckets
 
     # ---- internals -----------------------------------------------------------------------
     def _prepare(self, pixel_values, grid_thw, check_finite: bool = True):
         """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
         (plans, [padded pixels per plan])."""
-        cfg = self.cfg
         plans = self._plans(grid_thw)  # validates grid_thw
+        px = self._pixels(pixel_values, grid_thw, check_finite)
+        return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
+
+    def _pixels(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
+        """pixel_values as a checked [N, patch_dim] array for a validated grid_thw."""
+        cfg = self.cfg
         px = np.asarray(pixel_values)
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, {cfg.patch_dim}], got shape {px.shape}")
@@ -227,12 +265,12 @@ class VisionEncoder:
             )
         if not (np.issubdtype(px.dtype, np.floating) or np.issubdtype(px.dtype, np.integer)):
             raise ValueError(f"pixel_values must be numeric, got dtype {px.dtype}")
-        if px.shape[0] != plans[0].request_patches:
-            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies "
-                             f"sum(t*h*w) = {plans[0].request_patches}")
+        rows = int(np.prod(np.asarray(grid_thw, np.int64), axis=1).sum())
+        if px.shape[0] != rows:
+            raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {rows}")
         if check_finite:
             check_finite_rows(px, grid_thw)
-        return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
+        return px
 
     def _plans(self, grid_thw) -> list[planlib.Plan]:
         """The plans the next encode of this grid uses: the ladder's, or tight buckets once the grid
@@ -263,26 +301,36 @@ class VisionEncoder:
     def cost_report(self, grid_thw) -> dict:
         """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory.
 
-        Returns a dict with `buckets` (one per chunk the request is split into; tight ones for a
-        grid that recurs, see `tight_after`), `compiled_flops` (the matmuls of those programs as
-        they run: cost.dot_flops), `ideal_flops` (analytic: the same matmuls on the real rows only,
-        attention over the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled
-        programs' largest temp allocation), `patches` and `padded_patches`.
+        Returns a dict with `buckets` (one per program call: a chunk, tight ones for a grid that
+        recurs, see `tight_after`; on several devices one per mesh step, run by every device),
+        `compiled_flops` (the matmuls of those programs as they run: cost.dot_flops, summed over
+        devices), `ideal_flops` (analytic: the same matmuls on the real rows only, attention over
+        the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled programs' largest temp
+        allocation, per device), `patches` and `padded_patches` (summed over devices).
         """
-        plans = self._plans(grid_thw)  # the next encode's: tight buckets for a grid that recurs
-        compiled = sum(self._compiled_flops(p.bucket) for p in plans)
-        frames, windows = planlib.segment_lengths(np.concatenate([p.grid_thw for p in plans]), self.cfg)
+        g = planlib.validate_grid(grid_thw, self.cfg)
+        buckets = self._buckets(g)  # the next encode's: tight buckets for a grid that recurs
+        copies = len(self.devices)  # 1 without a mesh: every device runs every step's bucket
+        compiled = copies * sum(self._compiled_flops(b) for b in buckets)
+        frames, windows = planlib.segment_lengths(g, self.cfg)
         ideal = cost.ideal_flops(self.cfg, frames, windows)
-        temp = max(self._program(p.bucket).memory_analysis().temp_size_in_bytes for p in plans)
+        temp = max(self._program(b).memory_analysis().temp_size_in_bytes for b in buckets)
         return {
-            "buckets": [dataclasses.asdict(p.bucket) for p in plans],
-            "patches": sum(p.n_patches for p in plans),
-            "padded_patches": sum(p.bucket.patches for p in plans),
+            "buckets": [dataclasses.asdict(b) for b in buckets],
+            "patches": int(np.prod(g, axis=1).sum()),
+            "padded_patches": copies * sum(b.patches for b in buckets),
             "compiled_flops": compiled,
             "ideal_flops": ideal,
             "flops_ratio": compiled / ideal,
             "temp_bytes": int(temp),
         }
+
+    def _buckets(self, grid_thw) -> list[planlib.Bucket]:
+        """The bucket of each program call the next encode of a request makes (a chunk, or a mesh
+        step)."""
+        if self.mesh is None:
+            return [p.bucket for p in self._plans(grid_thw)]
+        return [s.plan.bucket for s in devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))]
 
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
         if bucket not in self._flops:
@@ -300,7 +348,10 @@ class VisionEncoder:
                 return program
             t0 = time.perf_counter()
             specs = _input_specs(self.cfg, bucket, self.dtype)
-            program = jax.jit(self._forward).lower(self._state, *specs).compile()
+            if self.mesh is None:
+                program = jax.jit(self._forward).lower(self._state, *specs).compile()
+            else:
+                program = self._mesh_forward(specs)
             self.compile_seconds[bucket] = time.perf_counter() - t0
             self._compiled[bucket] = program  # last: a lock-free reader sees a finished entry
         return program
@@ -308,6 +359,40 @@ class VisionEncoder:
     def _forward(self, state, pixels, plan):
         """(tokens, deepstack features: [] without deepstack mergers)."""
         return nnx.merge(self._graphdef, state)(pixels, plan, deepstack=True)
+
+    def _mesh_forward(self, specs: tuple[jax.ShapeDtypeStruct, planlib.Plan]) -> jax.stages.Compiled:
+        """The program of one bucket on the mesh: `shard_map` runs the single-device forward on
+        each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the replicated
+        parameters; no collective, so devices never wait for each other inside a step."""
+        data = P("data")
+
+        def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
+            out = self._forward(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
+            return jax.tree.map(lambda a: a[None], out)
+
+        fn = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), data, data), out_specs=data)
+        sharding, d = NamedSharding(self.mesh, data), len(self.devices)
+        stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
+        return jax.jit(fn).lower(self._state, *stacked).compile()
+
+
+def _check_devices(devices) -> list[jax.Device]:
+    """`devices` as a list of distinct devices of this process (a mesh spans local devices only:
+    several hosts each run their own encoder on their own inputs)."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices= is empty: give at least one device (e.g. jax.local_devices())")
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise ValueError(f"devices= must hold jax.Device objects, got {devices!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices= holds a device twice: {devices}")
+    me = jax.process_index()
+    if foreign := [d for d in devices if d.process_index != me]:
+        raise ValueError(f"devices= holds devices of other processes {foreign}; an encoder runs on this "
+                         f"process's devices (jax.local_devices()); split the inputs across processes")
+    if len({d.platform for d in devices}) > 1:
+        raise ValueError(f"devices= mixes platforms: {devices}")
+    return devices
 
 
 def _grid_key(grid_thw) -> tuple:

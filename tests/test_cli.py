@@ -230,6 +230,89 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
     assert len(cli.read_embeddings(out).names) == 3
 
 
+# ---- several processes -------------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(n: int, *args, timeout: float = 150) -> list[tuple[int, str]]:
+    """`qwen-vit-jax ARGS --coordinator 127.0.0.1:PORT --num-processes n --process-id I` in n
+    processes of 2 host devices each -> [(exit status, stderr)]; all killed after `timeout` s."""
+    import time
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH, *map(str, args), "--coordinator",
+                               f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(n)]
+    end, results = time.monotonic() + timeout, []
+    try:
+        for p in procs:
+            _, err = p.communicate(timeout=max(1.0, end - time.monotonic()))
+            results.append((p.returncode, err))
+    finally:
+        for p in procs:  # a hung process (e.g. its peer died before the barrier) must not stall CI
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return results
+
+
+def test_encode_two_processes_equals_one(capsys, tiny_dirs, image_dir, tmp_path):
+    """Two processes on 127.0.0.1 with 2 host devices each write two shards and an index; the set
+    reads back as the single-process file: same names, order, grids, offsets, embeddings (1e-6).
+    Then --resume per shard: a lost shard is redone by its process, the other keeps its own."""
+    _, ckpt = tiny_dirs
+    make_image(168, 56, seed=4).save(image_dir / "d.bmp")
+    make_image(252, 280, seed=5).save(image_dir / "e.png")
+    ref_path = tmp_path / "ref.safetensors"
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", ref_path)  # one process, one device
+    assert rc == 0, err
+    ref = cli.read_embeddings(ref_path)
+
+    out = tmp_path / "emb.safetensors"
+    results = run_processes(2, "encode", ckpt, image_dir, "-o", out)
+    assert [rc for rc, _ in results] == [0, 0], results
+    assert "process 1 of 2:" in results[1][1]
+    shards = [tmp_path / "emb-00000-of-00002.safetensors", tmp_path / "emb-00001-of-00002.safetensors"]
+    assert all(p.is_file() for p in shards) and (tmp_path / "emb.safetensors.index.json").is_file()
+    assert not out.exists()
+    parts = [cli.read_embeddings(p) for p in shards]
+    assert len(parts[0]) and len(parts[1])  # both processes had work
+    got = cli.read_embeddings(out)
+    assert got.names == ref.names and got.names == parts[0].names + parts[1].names
+    np.testing.assert_array_equal(got.grid_thw, ref.grid_thw)
+    np.testing.assert_array_equal(got.offsets, ref.offsets)
+    for i in range(len(ref)):
+        assert np.linalg.norm(got[i] - ref[i]) <= 1e-6 * np.linalg.norm(ref[i])
+
+    shards[1].unlink()  # a lost shard; --resume redoes it, process 0 has nothing left to do
+    results = run_processes(2, "encode", ckpt, image_dir, "-o", out, "--resume")
+    assert [rc for rc, _ in results] == [0, 0], results
+    assert f"resume: {len(parts[0])} of 5 inputs already in" in results[0][1]
+    assert "process 0 of 2: 0 of" in results[0][1]
+    np.testing.assert_array_equal(cli.read_embeddings(shards[0]).embeddings, parts[0].embeddings)
+    again = cli.read_embeddings(out)
+    assert again.names == ref.names
+    np.testing.assert_array_equal(again.embeddings, got.embeddings)
+
+
+def test_encode_process_flags(capsys, tiny_dirs, image_dir, tmp_path):
+    rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--num-processes", "2")
+    assert_clean_error(rc, err, "missing --coordinator, --process-id")
+    rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--coordinator",
+                      "h:1", "--num-processes", "2", "--process-id", "5")
+    assert_clean_error(rc, err, "--process-id must be in 0 .. 1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "KUBERNETES_", "TPU_"))}
+    p = run("encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--distributed", env=env, timeout=120)
+    assert_clean_error(p.returncode, p.stderr, "--distributed: jax.distributed.initialize() found no cluster")
+
+
 def test_progress_bar_counts_and_rate():
     import io
 

@@ -1,0 +1,261 @@
+"""The embeddings file `qwen-vit-jax encode` writes, and its sharded form (one file per process).
+
+    e = qvj.read_embeddings("emb.safetensors")   # one file, or the shards of a multi-process run
+    e[i]                                          # image i's tokens [tokens_i, D]
+    qvj.write_embeddings("emb.npz", e)            # atomically
+
+A run of N processes writes `emb-00000-of-0000N.safetensors` ... (one per process, each the
+format below) and `emb.safetensors.index.json`, which lists them; `read_embeddings("emb.safetensors")`
+finds the index when the file itself does not exist and returns the shards concatenated in shard
+order, which is the single-process order of the inputs (processes take consecutive slices).
+No jax here: reading embeddings needs numpy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import tempfile
+import zipfile
+
+import numpy as np
+
+FORMAT, VERSION = "qwen_vit_jax.embeddings", 1
+INDEX_FORMAT = "qwen_vit_jax.embeddings.index"
+SUFFIXES = (".safetensors", ".npz")
+
+LAYOUT = """\
+output layout (.safetensors or .npz, chosen by OUT's extension), k images, T tokens in all:
+  embeddings  float32 [T, D]   every image's merged tokens, images concatenated in input order
+  grid_thw    int64   [k, 3]   (t, h, w) patch grid of each image (t = 1)
+  offsets     int64   [k + 1]  image i is embeddings[offsets[i]:offsets[i+1]]
+                               ((h / 2) * (w / 2) tokens in raster order over the merged grid)
+  names       the source path of each image, as given on the command line (a folder joined
+              with the file name): .npz an array `names` [k] of str; .safetensors the JSON
+              list in the header metadata under "names"
+  metadata    format, version, checkpoint, dtype and preprocessing settings: .npz a JSON
+              string `metadata`; .safetensors the header metadata
+With several processes, process I of N writes OUT-stem-0000I-of-0000N.suffix in this layout and
+process 0 then writes OUT.index.json listing the shards.
+Read it back with numpy (np.load(OUT)) or safetensors, or qwen_vit_jax.read_embeddings(OUT)
+(a single file or the sharded set, in input order).
+"""
+
+
+class EmbeddingsError(ValueError):
+    """A file that is not an embeddings file (or sharded set) written by `qwen-vit-jax encode`."""
+
+
+@dataclasses.dataclass
+class Embeddings:
+    """The contents of an embeddings file (see LAYOUT)."""
+
+    embeddings: np.ndarray  # float32 [T, D]
+    grid_thw: np.ndarray  # int64 [k, 3]
+    offsets: np.ndarray  # int64 [k + 1]
+    names: list[str]
+    metadata: dict
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Image i's tokens: [offsets[i+1] - offsets[i], D]."""
+        return self.embeddings[self.offsets[i]:self.offsets[i + 1]]
+
+    @classmethod
+    def concatenate(cls, parts: list[Embeddings], metadata: dict) -> Embeddings:
+        """`parts` one after another (offsets rebuilt), with `metadata`."""
+        lengths = np.concatenate([np.diff(p.offsets) for p in parts])  # [k] tokens per image
+        return cls(np.concatenate([p.embeddings for p in parts]), np.concatenate([p.grid_thw for p in parts]),
+                   np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                   [n for p in parts for n in p.names], metadata)
+
+
+def check_suffix(path: str | os.PathLike) -> str:
+    """The suffix of an embeddings path (.safetensors or .npz), else EmbeddingsError."""
+    s = pathlib.Path(path).suffix.lower()
+    if s not in SUFFIXES:
+        raise EmbeddingsError(f"{path}: the output must end in .safetensors or .npz, got {s or 'no extension'!r}")
+    return s
+
+
+def shard_path(path: str | os.PathLike, index: int, count: int) -> pathlib.Path:
+    """Process `index`'s file of a `count`-process run writing `path`: emb-00001-of-00002.safetensors."""
+    path = pathlib.Path(path)
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index} of {count}: the index must be in 0 .. {count - 1}")
+    return path.with_name(f"{path.stem}-{index:05d}-of-{count:05d}{path.suffix}")
+
+
+def index_path(path: str | os.PathLike) -> pathlib.Path:
+    """The index of the sharded set written for `path`: emb.safetensors -> emb.safetensors.index.json."""
+    path = pathlib.Path(path)
+    return path.with_name(path.name + ".index.json")
+
+
+def read_embeddings(path: str | os.PathLike) -> Embeddings:
+    """Read what `qwen-vit-jax encode -o PATH` wrote: the file PATH, or when it does not exist,
+    the sharded set of a multi-process run (PATH.index.json and its shards) in input order.
+    Layout and consistency are checked (EmbeddingsError); a missing set is FileNotFoundError."""
+    path = pathlib.Path(path)
+    check_suffix(path)
+    if path.is_file():
+        return _read_file(path)
+    index = index_path(path)
+    if not index.is_file():
+        raise FileNotFoundError(f"no such file: {path} (nor a sharded set's index {index.name})")
+    try:
+        doc = json.loads(index.read_text())
+        ok = doc.get("format") == INDEX_FORMAT and doc.get("version") == VERSION
+        shards = [(s["file"], int(s["images"]), int(s["tokens"])) for s in doc["shards"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise EmbeddingsError(f"{index}: not an embeddings index written by `qwen-vit-jax encode` ({e!r})") from None
+    if not ok or not shards or any(pathlib.Path(f).name != f for f, _, _ in shards):
+        raise EmbeddingsError(f"{index}: not a version-{VERSION} embeddings index written by `qwen-vit-jax encode`")
+    parts = []
+    for name, images, tokens in shards:
+        e = _read_file(path.with_name(name))
+        if (len(e), len(e.embeddings)) != (images, tokens):
+            raise EmbeddingsError(f"{path.with_name(name)}: holds {len(e)} images / {len(e.embeddings)} tokens, "
+                                  f"the index {index.name} says {images} / {tokens} (a shard rewritten later?)")
+        parts.append(e)
+    for p, (name, _, _) in zip(parts[1:], shards[1:]):
+        for key in ("checkpoint", "dtype", "preprocess"):
+            if p.metadata.get(key) != parts[0].metadata.get(key):
+                raise EmbeddingsError(f"{name} was written with {key} {p.metadata.get(key)!r}, {shards[0][0]} with "
+                                      f"{parts[0].metadata.get(key)!r}: not one set")
+    return Embeddings.concatenate(parts, dict(parts[0].metadata, shards=len(parts)))
+
+
+def _read_file(path: pathlib.Path) -> Embeddings:
+    """One embeddings file (either format), its layout checked."""
+    from qwen_vit_jax.convert import SafetensorsFile
+
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        if check_suffix(path) == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = json.loads(str(arrays.pop("metadata")))
+            names = [str(n) for n in arrays.pop("names")]
+        else:
+            f = SafetensorsFile(path)
+            arrays = {k: np.array(f.get(k)) for k in f.entries}  # copies: the file may be replaced later
+            meta = dict(f.metadata)
+            names = json.loads(meta.pop("names"))
+            meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
+        e = Embeddings(arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta)
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
+        raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
+    k = len(e.names)
+    ok = (meta.get("format") == FORMAT and meta.get("version") == VERSION
+          and e.embeddings.ndim == 2 and e.grid_thw.shape == (k, 3) and e.offsets.shape == (k + 1,)
+          and e.offsets[0] == 0 and e.offsets[-1] == len(e.embeddings) and np.all(np.diff(e.offsets) >= 0))
+    if not ok:
+        raise EmbeddingsError(f"{path}: not a version-{VERSION} embeddings file written by `qwen-vit-jax encode`, "
+                              "or its arrays are inconsistent")
+    return e
+
+
+def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
+    """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
+    from qwen_vit_jax.convert import write_safetensors
+
+    path = pathlib.Path(path)
+    suffix = check_suffix(path)
+    arrays = {"embeddings": np.asarray(e.embeddings, np.float32),
+              "grid_thw": np.asarray(e.grid_thw, np.int64), "offsets": np.asarray(e.offsets, np.int64)}
+
+    def write(tmp: str, fd: int) -> None:
+        if suffix == ".npz":
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays, names=np.array(e.names, dtype=str), metadata=np.array(json.dumps(e.metadata)))
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            os.close(fd)
+            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in e.metadata.items()}
+            write_safetensors(tmp, arrays, dict(meta, names=json.dumps(e.names)))
+
+    _atomic(path, write)
+
+
+def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:
+    """Write PATH.index.json for the `count` shards of PATH (all must exist and be readable;
+    their image and token counts go into the index, so a shard rewritten later is noticed).
+    Returns the index path."""
+    path = pathlib.Path(path)
+    shards = []
+    for i in range(count):
+        images, tokens = _counts(shard_path(path, i, count))
+        shards.append({"file": shard_path(path, i, count).name, "images": images, "tokens": tokens})
+    doc = {"format": INDEX_FORMAT, "version": VERSION, "images": sum(s["images"] for s in shards),
+           "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+
+    def write(tmp: str, fd: int) -> None:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _atomic(index_path(path), write)
+    return index_path(path)
+
+
+def read_names(path: str | os.PathLike) -> list[str]:
+    """The image names of one embeddings file, without reading its embeddings (the header of a
+    .safetensors file, the `names` member of a .npz)."""
+    from qwen_vit_jax.convert import SafetensorsFile
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        if check_suffix(path) == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return [str(n) for n in z["names"]]
+        names = json.loads(SafetensorsFile(path).metadata["names"])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("names is not a list of str")
+        return names
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
+        raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
+
+
+def _counts(path: pathlib.Path) -> tuple[int, int]:
+    """(images, tokens) of an embeddings file, from its header / offsets only (a shard's embeddings
+    can be gigabytes; read_embeddings checks the whole file later)."""
+    from qwen_vit_jax.convert import SafetensorsFile
+
+    if not path.is_file():
+        raise FileNotFoundError(f"shard not found: {path} (on several hosts, OUT must be on a file system "
+                                "all of them share)")
+    try:
+        if check_suffix(path) == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                offsets = z["offsets"]
+            return len(offsets) - 1, int(offsets[-1])
+        entries = SafetensorsFile(path).entries
+        return entries["offsets"][1][0] - 1, entries["embeddings"][1][0]
+    except (KeyError, ValueError, TypeError, OSError, IndexError, zipfile.BadZipFile) as err:
+        raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
+
+
+def _atomic(path: pathlib.Path, write) -> None:
+    """write(tmp_path, fd) a temporary sibling of `path`, then rename it over `path`; on any
+    failure (Ctrl-C included) the temporary file is removed and `path` is untouched."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        write(tmp, fd)
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; the result is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
