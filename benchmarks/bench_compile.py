@@ -39,8 +39,7 @@ def worker(p: dict) -> dict:
     compiles = common.count_compiles()
     cfg = common.model_config(p["variant"], p["quick"])
     rng = np.random.default_rng(0)
-    params = {k: 0.02 * rng.standard_normal(shape, dtype=np.float32)
-              for k, shape in expected_param_shapes(cfg).items()}
+    params = {k: 0.02 * rng.standard_normal(shape, dtype=np.float32) for k, shape in expected_param_shapes(cfg).items()}
     before = compiles["count"]
     t0 = time.perf_counter()
     enc = qvj.VisionEncoder(cfg, params, dtype=p["dtype"])
@@ -54,9 +53,18 @@ def worker(p: dict) -> dict:
         padded = sum(pl.bucket.patches for pl in planlib.make_plans(grid, cfg, enc.policy))
         n0, known = compiles["count"], set(enc.compile_seconds)
         seconds = common.time_calls(enc.encode, 1, px, grid)[0]
-        calls.append({"h": h, "w": w, "patches": h * w, "padded_patches": padded, "fill": h * w / padded,
-                      "compiles": compiles["count"] - n0, "seconds": seconds,
-                      "new_buckets": [str(b) for b in enc.compile_seconds if b not in known]})
+        calls.append(
+            {
+                "h": h,
+                "w": w,
+                "patches": h * w,
+                "padded_patches": padded,
+                "fill": h * w / padded,
+                "compiles": compiles["count"] - n0,
+                "seconds": seconds,
+                "new_buckets": [str(b) for b in enc.compile_seconds if b not in known],
+            }
+        )
     return {
         "device": str(jax.devices()[0]),
         "persistent_cache_dir": jax.config.jax_compilation_cache_dir,
@@ -65,8 +73,10 @@ def worker(p: dict) -> dict:
         "stream_compiles": compiles["count"] - start["count"],
         "stream_compile_seconds": compiles["seconds"] - start["seconds"],
         "stream_cache_hits": compiles["cache_hits"] - start["cache_hits"],
-        "buckets": [{"bucket": str(b), "compile_s": s}
-                    for b, s in sorted(enc.compile_seconds.items(), key=lambda kv: kv[0].patches)],
+        "buckets": [
+            {"bucket": str(b), "compile_s": s}
+            for b, s in sorted(enc.compile_seconds.items(), key=lambda kv: kv[0].patches)
+        ],
         "versions": common.versions("jax", "jaxlib", "flax"),
     }
 
@@ -81,44 +91,82 @@ def main() -> None:
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/compile[-quick].json)")
     args = ap.parse_args()
     sizes = stream_sizes(args.count, args.seed)
-    r = common.run_worker(__file__, "stream",
-                          {"variant": args.variant, "quick": args.quick, "dtype": args.dtype, "sizes": sizes})
+    r = common.run_worker(
+        __file__, "stream", {"variant": args.variant, "quick": args.quick, "dtype": args.dtype, "sizes": sizes}
+    )
     calls, buckets = r["calls"], r["buckets"]
     fills = [c["fill"] for c in calls]
     comp = [b["compile_s"] for b in buckets]
     summary = {
-        "stream_compiles": r["stream_compiles"], "buckets_compiled": len(buckets),
-        "setup_compiles": r["setup"]["compiles"], "stream_compile_seconds": r["stream_compile_seconds"],
+        "stream_compiles": r["stream_compiles"],
+        "buckets_compiled": len(buckets),
+        "setup_compiles": r["setup"]["compiles"],
+        "stream_compile_seconds": r["stream_compile_seconds"],
         "stream_cache_hits": r["stream_cache_hits"],
-        "bucket_compile_s_median": statistics.median(comp), "bucket_compile_s_max": max(comp),
-        "fill_mean": statistics.fmean(fills), "fill_median": statistics.median(fills), "fill_min": min(fills),
+        "bucket_compile_s_median": statistics.median(comp),
+        "bucket_compile_s_max": max(comp),
+        "fill_mean": statistics.fmean(fills),
+        "fill_median": statistics.median(fills),
+        "fill_min": min(fills),
         "padded_over_real_total": sum(c["padded_patches"] for c in calls) / sum(c["patches"] for c in calls),
     }
-    print(f"{args.variant}{' (quick: 2 blocks)' if args.quick else ''}, {args.dtype}, {r['device']}: "
-          f"{len(calls)} single images, h, w even in [2, 64], seed {args.seed}\n")
-    print(common.markdown_table(["", "value"], [
-        ["XLA compiles during the stream (all)", summary["stream_compiles"]],
-        ["of which loaded from a persistent cache", summary["stream_cache_hits"]],
-        ["buckets compiled", summary["buckets_compiled"]],
-        ["XLA compiles building the encoder", summary["setup_compiles"]],
-        ["backend compile seconds, stream total", f"{summary['stream_compile_seconds']:.1f}"],
-        ["compile seconds per bucket, median / max",
-         f"{summary['bucket_compile_s_median']:.1f} / {summary['bucket_compile_s_max']:.1f}"],
-        ["fill = real / bucket patches, mean / median / min",
-         f"{summary['fill_mean']:.3f} / {summary['fill_median']:.3f} / {summary['fill_min']:.3f}"],
-        ["bucket patches / real patches, whole stream", f"{summary['padded_over_real_total']:.3f}"],
-    ]))
+    print(
+        f"{args.variant}{' (quick: 2 blocks)' if args.quick else ''}, {args.dtype}, {r['device']}: "
+        f"{len(calls)} single images, h, w even in [2, 64], seed {args.seed}\n"
+    )
+    print(
+        common.markdown_table(
+            ["", "value"],
+            [
+                ["XLA compiles during the stream (all)", summary["stream_compiles"]],
+                ["of which loaded from a persistent cache", summary["stream_cache_hits"]],
+                ["buckets compiled", summary["buckets_compiled"]],
+                ["XLA compiles building the encoder", summary["setup_compiles"]],
+                ["backend compile seconds, stream total", f"{summary['stream_compile_seconds']:.1f}"],
+                [
+                    "compile seconds per bucket, median / max",
+                    f"{summary['bucket_compile_s_median']:.1f} / {summary['bucket_compile_s_max']:.1f}",
+                ],
+                [
+                    "fill = real / bucket patches, mean / median / min",
+                    f"{summary['fill_mean']:.3f} / {summary['fill_median']:.3f} / {summary['fill_min']:.3f}",
+                ],
+                ["bucket patches / real patches, whole stream", f"{summary['padded_over_real_total']:.3f}"],
+            ],
+        )
+    )
     print()
-    print(common.markdown_table(["bucket", "compile s"],
-                                [[b["bucket"], f"{b['compile_s']:.2f}"] for b in buckets]))
+    print(common.markdown_table(["bucket", "compile s"], [[b["bucket"], f"{b['compile_s']:.2f}"] for b in buckets]))
     print()
-    print(common.markdown_table(
-        ["#", "h x w", "patches", "bucket patches", "fill", "compiles", "call s"],
-        [[i, f"{c['h']}x{c['w']}", c["patches"], c["padded_patches"], f"{c['fill']:.2f}", c["compiles"],
-          f"{c['seconds']:.2f}"] for i, c in enumerate(calls)]))
-    common.write_json(args.out or common.default_out("compile", args.quick), {
-        "bench": "compile", "variant": args.variant, "quick": args.quick, "dtype": args.dtype,
-        "seed": args.seed, "summary": summary, **r})
+    print(
+        common.markdown_table(
+            ["#", "h x w", "patches", "bucket patches", "fill", "compiles", "call s"],
+            [
+                [
+                    i,
+                    f"{c['h']}x{c['w']}",
+                    c["patches"],
+                    c["padded_patches"],
+                    f"{c['fill']:.2f}",
+                    c["compiles"],
+                    f"{c['seconds']:.2f}",
+                ]
+                for i, c in enumerate(calls)
+            ],
+        )
+    )
+    common.write_json(
+        args.out or common.default_out("compile", args.quick),
+        {
+            "bench": "compile",
+            "variant": args.variant,
+            "quick": args.quick,
+            "dtype": args.dtype,
+            "seed": args.seed,
+            "summary": summary,
+            **r,
+        },
+    )
 
 
 if __name__ == "__main__" and not common.worker_main({"stream": worker}):

@@ -55,11 +55,18 @@ def worker(p: dict) -> dict:
     reports = [enc.cost_report([[1, h, w]]) for h, w in p["sizes"]]
     stream = [r["flops_ratio"] for r in reports]
     aggregate = sum(r["compiled_flops"] for r in reports) / sum(r["ideal_flops"] for r in reports)
-    memory = {f"{k}x": enc.cost_report(grid)["temp_bytes"]
-              for k, grid in ((1, [[1, 32, 32]]), (2, [[1, 32, 64]]), (4, [[1, 64, 64]]))}
+    memory = {
+        f"{k}x": enc.cost_report(grid)["temp_bytes"]
+        for k, grid in ((1, [[1, 32, 32]]), (2, [[1, 32, 64]]), (4, [[1, 64, 64]]))
+    }
     compile_s = {f"{b.patches}/T{b.tiles}/KB{b.key_blocks}": s for b, s in enc.compile_seconds.items()}
-    return {"cases": cases, "stream_ratios": stream, "stream_aggregate": aggregate, "temp_bytes": memory,
-            "compile_seconds": compile_s}
+    return {
+        "cases": cases,
+        "stream_ratios": stream,
+        "stream_aggregate": aggregate,
+        "temp_bytes": memory,
+        "compile_seconds": compile_s,
+    }
 
 
 def main() -> None:
@@ -69,31 +76,84 @@ def main() -> None:
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/cost[-quick].json)")
     args = ap.parse_args()
     sizes = stream_sizes(30, 0)
-    results = {v: common.run_worker(__file__, "cost", {"variant": v, "quick": args.quick, "sizes": sizes})
-               for v in args.variants.split(",")}
+    results = {
+        v: common.run_worker(__file__, "cost", {"variant": v, "quick": args.quick, "sizes": sizes})
+        for v in args.variants.split(",")
+    }
     rows = []
     for v, r in results.items():
         for name, c in r["cases"].items():
             buckets = ", ".join(f"{b['patches']}/T{b['tiles']}/KB{b['key_blocks']}" for b in c["buckets"])
-            rows.append([v, name, c["patches"], c["padded_patches"], buckets, f"{c['compiled_flops'] / 1e12:.2f}",
-                         f"{c['ideal_flops'] / 1e12:.2f}", f"{c['flops_ratio']:.3f}", f"{c['temp_bytes'] / 2**20:.0f}"])
+            rows.append(
+                [
+                    v,
+                    name,
+                    c["patches"],
+                    c["padded_patches"],
+                    buckets,
+                    f"{c['compiled_flops'] / 1e12:.2f}",
+                    f"{c['ideal_flops'] / 1e12:.2f}",
+                    f"{c['flops_ratio']:.3f}",
+                    f"{c['temp_bytes'] / 2**20:.0f}",
+                ]
+            )
         s = r["stream_ratios"]
-        rows.append([v, "30-size stream (mean / max; aggregate = sum / sum)", "-", "-", "-", "-", "-",
-                     f"{statistics.fmean(s):.3f} / {max(s):.2f}; {r['stream_aggregate']:.3f}", "-"])
-    print(common.markdown_table(["variant", "request", "patches", "padded", "buckets (N_pad/T/KB)",
-                                 "compiled TFLOP", "ideal TFLOP", "ratio", "temp MiB"], rows))
+        rows.append(
+            [
+                v,
+                "30-size stream (mean / max; aggregate = sum / sum)",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"{statistics.fmean(s):.3f} / {max(s):.2f}; {r['stream_aggregate']:.3f}",
+                "-",
+            ]
+        )
+    print(
+        common.markdown_table(
+            [
+                "variant",
+                "request",
+                "patches",
+                "padded",
+                "buckets (N_pad/T/KB)",
+                "compiled TFLOP",
+                "ideal TFLOP",
+                "ratio",
+                "temp MiB",
+            ],
+            rows,
+        )
+    )
     print()
-    print(common.markdown_table(["variant", "temp MiB at 1x / 2x / 4x patches (1024 / 2048 / 4096)"], [
-        [v, " / ".join(f"{b / 2**20:.0f}" for b in r["temp_bytes"].values())] for v, r in results.items()]))
+    print(
+        common.markdown_table(
+            ["variant", "temp MiB at 1x / 2x / 4x patches (1024 / 2048 / 4096)"],
+            [[v, " / ".join(f"{b / 2**20:.0f}" for b in r["temp_bytes"].values())] for v, r in results.items()],
+        )
+    )
     print()
-    print(common.markdown_table(["variant", "buckets compiled", "compile s per bucket: median / max",
-                                 "compile s, 16384-row buckets"], [
-        [v, len(r["compile_seconds"]), f"{statistics.median(r['compile_seconds'].values()):.1f} / "
-         f"{max(r['compile_seconds'].values()):.1f}",
-         " / ".join(f"{s:.1f}" for b, s in r["compile_seconds"].items() if b.startswith("16384/"))]
-        for v, r in results.items()]))
-    common.write_json(args.out or common.default_out("cost", args.quick),
-                      {"bench": "cost", "quick": args.quick, "sizes": sizes, "results": results})
+    print(
+        common.markdown_table(
+            ["variant", "buckets compiled", "compile s per bucket: median / max", "compile s, 16384-row buckets"],
+            [
+                [
+                    v,
+                    len(r["compile_seconds"]),
+                    f"{statistics.median(r['compile_seconds'].values()):.1f} / "
+                    f"{max(r['compile_seconds'].values()):.1f}",
+                    " / ".join(f"{s:.1f}" for b, s in r["compile_seconds"].items() if b.startswith("16384/")),
+                ]
+                for v, r in results.items()
+            ],
+        )
+    )
+    common.write_json(
+        args.out or common.default_out("cost", args.quick),
+        {"bench": "cost", "quick": args.quick, "sizes": sizes, "results": results},
+    )
 
 
 if __name__ == "__main__" and not common.worker_main({"cost": worker}):

@@ -65,9 +65,18 @@ def balance_table() -> list[dict]:
             worst = max(np.sum([s.rows for s in steps], axis=0)) / mean  # real rows per device, all steps
             best = lower_bound(sizes, d) / mean
             padded = sum(d * s.plan.bucket.patches for s in steps) / sizes.sum()
-            rows.append({"case": name, "frames": len(sizes), "devices": d, "steps": len(steps),
-                         "balance": float(worst), "best": float(best), "padded_over_real": float(padded),
-                         "meets_target": bool(worst <= TARGET or worst <= best * 1.001)})
+            rows.append(
+                {
+                    "case": name,
+                    "frames": len(sizes),
+                    "devices": d,
+                    "steps": len(steps),
+                    "balance": float(worst),
+                    "best": float(best),
+                    "padded_over_real": float(padded),
+                    "meets_target": bool(worst <= TARGET or worst <= best * 1.001),
+                }
+            )
     return rows
 
 
@@ -79,7 +88,7 @@ def lower_bound(sizes: np.ndarray, d: int) -> float:
     k = 1
     while k * d + 1 <= len(p):
         n = k * d + 1
-        bound = max(bound, float(p[n - k - 1:n].sum()))
+        bound = max(bound, float(p[n - k - 1 : n].sum()))
         k += 1
     return bound
 
@@ -106,9 +115,15 @@ def throughput_worker(p: dict) -> dict:
     enc.encode(px, grid)
     first = time.perf_counter() - t0
     times = common.time_calls(enc.encode, p["repeats"], px, grid)
-    return {"devices": len(devs), "first_call_s": first, "compile_s": sum(enc.compile_seconds.values()),
-            "buckets": [b.patches for b in enc.compile_seconds], **common.summary(times),
-            "patches": int(px.shape[0]), "patches_per_s": px.shape[0] / float(np.median(times))}
+    return {
+        "devices": len(devs),
+        "first_call_s": first,
+        "compile_s": sum(enc.compile_seconds.values()),
+        "buckets": [b.patches for b in enc.compile_seconds],
+        **common.summary(times),
+        "patches": int(px.shape[0]),
+        "patches_per_s": px.shape[0] / float(np.median(times)),
+    }
 
 
 def main() -> None:
@@ -122,12 +137,28 @@ def main() -> None:
     repeats = args.repeats or (2 if args.quick else 3)
 
     rows = balance_table()
-    print(f"balance: max / mean real patches per device ({VARIANT} plan, default buckets); target <= {TARGET} "
-          "where the frames allow ('best': a frame is never cut)")
-    print(common.markdown_table(
-        ["case", "frames", "D", "steps", "max/mean", "best", "padded/real", "ok"],
-        [[r["case"], r["frames"], r["devices"], r["steps"], f"{r['balance']:.3f}", f"{r['best']:.3f}",
-          f"{r['padded_over_real']:.2f}", "yes" if r["meets_target"] else "NO"] for r in rows]))
+    print(
+        f"balance: max / mean real patches per device ({VARIANT} plan, default buckets); target <= {TARGET} "
+        "where the frames allow ('best': a frame is never cut)"
+    )
+    print(
+        common.markdown_table(
+            ["case", "frames", "D", "steps", "max/mean", "best", "padded/real", "ok"],
+            [
+                [
+                    r["case"],
+                    r["frames"],
+                    r["devices"],
+                    r["steps"],
+                    f"{r['balance']:.3f}",
+                    f"{r['best']:.3f}",
+                    f"{r['padded_over_real']:.2f}",
+                    "yes" if r["meets_target"] else "NO",
+                ]
+                for r in rows
+            ],
+        )
+    )
 
     grid = seed_cases()["24 images 8..64 + 2 videos"][:13]  # 12 images and a 4-frame video
     counts = [int(x) for x in args.devices.split(",")]
@@ -135,26 +166,61 @@ def main() -> None:
     for _ in range(args.rounds):  # device counts alternate: this VM's speed drifts over minutes
         for d in counts:
             env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={d}", JAX_PLATFORMS="cpu")
-            runs[d].append(common.run_worker(__file__, "throughput",
-                                             {"grid": grid, "repeats": repeats, "quick": args.quick}, env=env))
+            runs[d].append(
+                common.run_worker(
+                    __file__, "throughput", {"grid": grid, "repeats": repeats, "quick": args.quick}, env=env
+                )
+            )
     table = []
     for d, rs in runs.items():
         times = [t for r in rs for t in r["times"]]
-        table.append({"devices": d, "median": float(np.median(times)), "min": min(times), "patches": rs[0]["patches"],
-                      "patches_per_s": rs[0]["patches"] / float(np.median(times)), "buckets": rs[0]["buckets"],
-                      "first_call_s": [r["first_call_s"] for r in rs], "runs": rs})
+        table.append(
+            {
+                "devices": d,
+                "median": float(np.median(times)),
+                "min": min(times),
+                "patches": rs[0]["patches"],
+                "patches_per_s": rs[0]["patches"] / float(np.median(times)),
+                "buckets": rs[0]["buckets"],
+                "first_call_s": [r["first_call_s"] for r in rs],
+                "runs": rs,
+            }
+        )
     base = table[0]["patches_per_s"]
-    print(f"\nthroughput: {table[0]['patches']} patches per call (12 images + a 4-frame video), "
-          f"{'quick tower' if args.quick else VARIANT + ' cut to 2 blocks'}, float32, {os.cpu_count()} cores, "
-          f"median of {repeats} calls x {args.rounds} alternating rounds")
-    print(common.markdown_table(
-        ["host devices", "median s", "min s", "patches/s (median)", "vs 1 device", "bucket rows", "first call s"],
-        [[r["devices"], f"{r['median']:.3f}", f"{r['min']:.3f}", f"{r['patches_per_s']:,.0f}",
-          f"{r['patches_per_s'] / base:.2f}x",
-          "+".join(map(str, r["buckets"])), "/".join(f"{x:.1f}" for x in r["first_call_s"])] for r in table]))
+    print(
+        f"\nthroughput: {table[0]['patches']} patches per call (12 images + a 4-frame video), "
+        f"{'quick tower' if args.quick else VARIANT + ' cut to 2 blocks'}, float32, {os.cpu_count()} cores, "
+        f"median of {repeats} calls x {args.rounds} alternating rounds"
+    )
+    print(
+        common.markdown_table(
+            ["host devices", "median s", "min s", "patches/s (median)", "vs 1 device", "bucket rows", "first call s"],
+            [
+                [
+                    r["devices"],
+                    f"{r['median']:.3f}",
+                    f"{r['min']:.3f}",
+                    f"{r['patches_per_s']:,.0f}",
+                    f"{r['patches_per_s'] / base:.2f}x",
+                    "+".join(map(str, r["buckets"])),
+                    "/".join(f"{x:.1f}" for x in r["first_call_s"]),
+                ]
+                for r in table
+            ],
+        )
+    )
     out = args.out or common.default_out("bench_devices", args.quick)
-    common.write_json(out, {"balance": rows, "throughput": table, "repeats": repeats, "rounds": args.rounds,
-                            "quick": args.quick, "load_average": os.getloadavg()})
+    common.write_json(
+        out,
+        {
+            "balance": rows,
+            "throughput": table,
+            "repeats": repeats,
+            "rounds": args.rounds,
+            "quick": args.quick,
+            "load_average": os.getloadavg(),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,10 @@ def merge_peaks(peaks: list[dict]) -> dict:
     """Median over rounds of each shape's and mode's GFLOP/s."""
     import statistics
 
-    shapes = {s: {m: statistics.median(p["shapes"][s][m] for p in peaks) for m in common.PEAK_MODES}
-              for s in peaks[0]["shapes"]}
+    shapes = {
+        s: {m: statistics.median(p["shapes"][s][m] for p in peaks) for m in common.PEAK_MODES}
+        for s in peaks[0]["shapes"]
+    }
     return {**peaks[0], "shapes": shapes, **shapes[next(iter(shapes))], "rounds": len(peaks)}
 
 
@@ -74,11 +76,14 @@ def hf_worker(p: dict) -> dict:
 
     device = p["device"] if p["device"] != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 means float32
-    model = AutoModelForImageTextToText.from_pretrained(p["hf"], dtype=torch.float32,
-                                                        attn_implementation="sdpa")
-    out = {"device": device, "torch_threads": torch.get_num_threads(), "dtypes": {},
-           "versions": common.versions("torch", "transformers"),
-           "torch_peak": common.torch_matmul_peak() if device == "cpu" else None}
+    model = AutoModelForImageTextToText.from_pretrained(p["hf"], dtype=torch.float32, attn_implementation="sdpa")
+    out = {
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "dtypes": {},
+        "versions": common.versions("torch", "transformers"),
+        "torch_peak": common.torch_matmul_peak() if device == "cpu" else None,
+    }
     for dtype in sorted(p["dtypes"], key=lambda d: d != "float32"):
         visual = model.model.visual.to(device, getattr(torch, dtype)).eval()
         out["dtypes"][dtype] = time_sizes(functools.partial(hf_call, visual, device), p, f"hf-{dtype}")
@@ -99,8 +104,12 @@ def ours_worker(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
 
-    out = {"device": str(jax.devices()[0]), "dtypes": {}, "numerics": {},
-           "versions": common.versions("jax", "jaxlib", "flax")}
+    out = {
+        "device": str(jax.devices()[0]),
+        "dtypes": {},
+        "numerics": {},
+        "versions": common.versions("jax", "jaxlib", "flax"),
+    }
     for dtype in p["dtypes"]:
         enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype=dtype)
         out["numerics"][dtype] = str(enc.num)  # native_bf16: which bf16 dot path runs here
@@ -152,8 +161,11 @@ def plot(records: list[dict], path: pathlib.Path) -> None:
     for ax, variant in zip(axes[0], variants):
         for impl, color in (("ours", "tab:blue"), ("HF", "tab:orange")):
             for dtype, style in (("float32", "-o"), ("bfloat16", "--s")):
-                pts = sorted((r["patches"], r["seconds"]) for r in records
-                             if (r["variant"], r["impl"], r["dtype"]) == (variant, impl, dtype))
+                pts = sorted(
+                    (r["patches"], r["seconds"])
+                    for r in records
+                    if (r["variant"], r["impl"], r["dtype"]) == (variant, impl, dtype)
+                )
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, label=f"{impl} {dtype}")
         ax.set(title=variant, xlabel="patches per image", ylabel="forward seconds (median)", yscale="log")
@@ -184,8 +196,11 @@ def main() -> None:
     sizes = [8, 16] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeats = 2 if args.quick else args.repeats
 
-    peak_payload = {"n": 512 if args.quick else args.peak_n, "repeats": 5,
-                    "shapes": [[256, 128, 512]] if args.quick else [list(s) for s in common.PEAK_SHAPES]}
+    peak_payload = {
+        "n": 512 if args.quick else args.peak_n,
+        "repeats": 5,
+        "shapes": [[256, 128, 512]] if args.quick else [list(s) for s in common.PEAK_SHAPES],
+    }
     peaks, results, outputs = [], {}, {}
     for rnd in range(args.rounds):
         peaks.append(common.run_worker(__file__, "peak", peak_payload))
@@ -194,11 +209,21 @@ def main() -> None:
             dirs = common.checkpoint(__file__, variant, args.quick)
             outputs[variant] = pathlib.Path(dirs["hf"]).parent / "outputs"
             outputs[variant].mkdir(exist_ok=True)
-            payload = {**dirs, "dtypes": dtypes, "sizes": sizes, "repeats": repeats, "patch_dim": cfg.patch_dim,
-                       "device": args.device, "outputs": str(outputs[variant])}
+            payload = {
+                **dirs,
+                "dtypes": dtypes,
+                "sizes": sizes,
+                "repeats": repeats,
+                "patch_dim": cfg.patch_dim,
+                "device": args.device,
+                "outputs": str(outputs[variant]),
+            }
             for impl in ("HF", "ours") if rnd % 2 == 0 else ("ours", "HF"):
-                res = (common.run_worker(__file__, "hf", payload, env=common.torch_env()) if impl == "HF"
-                       else common.run_worker(__file__, "ours", payload))
+                res = (
+                    common.run_worker(__file__, "hf", payload, env=common.torch_env())
+                    if impl == "HF"
+                    else common.run_worker(__file__, "ours", payload)
+                )
                 results[variant, impl] = merge_round(results.get((variant, impl)), res)
     peak = merge_peaks(peaks)
     torch_peak = next((r.get("torch_peak") for (_, i), r in results.items() if i == "HF"), None)
@@ -210,54 +235,123 @@ def main() -> None:
             for side in sizes:
                 r = by_side[str(side)]
                 flops = common.forward_flops(cfg, grid_of(side))
-                records.append({
-                    "variant": variant, "grid_thw": grid_of(side), "patches": side * side, "dtype": dtype,
-                    "impl": impl, "seconds": r["median"], "timing": r, "flops": flops,
-                    "gflops_per_s": flops / r["median"] / 1e9,
-                    "pct_fp32_peak": 100 * flops / r["median"] / 1e9 / peak["float32"],
-                    "pct_own_peak": 100 * flops / r["median"] / 1e9 / peak[OWN_PEAK[dtype]],
-                    "rel_err_vs_hf_fp32": rel_err(outputs[variant], f"{impl.lower()}-{dtype}-{side}",
-                                                  f"hf-float32-{side}"),
-                })
+                records.append(
+                    {
+                        "variant": variant,
+                        "grid_thw": grid_of(side),
+                        "patches": side * side,
+                        "dtype": dtype,
+                        "impl": impl,
+                        "seconds": r["median"],
+                        "timing": r,
+                        "flops": flops,
+                        "gflops_per_s": flops / r["median"] / 1e9,
+                        "pct_fp32_peak": 100 * flops / r["median"] / 1e9 / peak["float32"],
+                        "pct_own_peak": 100 * flops / r["median"] / 1e9 / peak[OWN_PEAK[dtype]],
+                        "rel_err_vs_hf_fp32": rel_err(
+                            outputs[variant], f"{impl.lower()}-{dtype}-{side}", f"hf-float32-{side}"
+                        ),
+                    }
+                )
     for r in records:
-        hf = {x["dtype"]: x["seconds"] for x in records
-              if x["impl"] == "HF" and (x["variant"], x["patches"]) == (r["variant"], r["patches"])}
+        hf = {
+            x["dtype"]: x["seconds"]
+            for x in records
+            if x["impl"] == "HF" and (x["variant"], x["patches"]) == (r["variant"], r["patches"])
+        }
         r["speedup_vs_hf_same_dtype"] = hf[r["dtype"]] / r["seconds"]
         r["speedup_vs_hf_fastest"] = min(hf.values()) / r["seconds"]
-    records.sort(key=lambda r: (variants.index(r["variant"]), r["patches"], dtypes.index(r["dtype"]),
-                                r["impl"]))
+    records.sort(key=lambda r: (variants.index(r["variant"]), r["patches"], dtypes.index(r["dtype"]), r["impl"]))
 
     hf_dev = next(res["device"] for (_, impl), res in results.items() if impl == "HF")
     jax_dev = next(res["device"] for (_, impl), res in results.items() if impl == "ours")
     numerics = next((r["numerics"] for (_, i), r in results.items() if i == "ours"), {})
     print(f"{common.machine_line()}\n")
-    print(f"Forward, median of {repeats} calls x {args.rounds} round(s). HF on {hf_dev}, ours on {jax_dev} "
-          f"({'; '.join(numerics.values())}).\n")
+    print(
+        f"Forward, median of {repeats} calls x {args.rounds} round(s). HF on {hf_dev}, ours on {jax_dev} "
+        f"({'; '.join(numerics.values())}).\n"
+    )
     print("Dot peaks, GFLOP/s (median over rounds; XLA: jit jnp.dot, torch: torch.mm):\n")
-    print(common.markdown_table(["[M,K]x[K,N]", "XLA float32", "XLA bf16 in / f32 acc", "XLA bf16 -> bf16",
-                                 "torch float32", "torch bf16"], [[
-        shape, *(f"{v[m]:.0f}" for m in common.PEAK_MODES),
-        *(f"{torch_peak[shape][m]:.0f}" if torch_peak and shape in torch_peak else "-"
-          for m in ("float32", "bf16_bf16")),
-    ] for shape, v in peak["shapes"].items()]) + "\n")
-    headers = ["variant", "patches", "dtype", "impl", "seconds", "vs HF same dtype", "vs HF fastest",
-               "GFLOP/s", "% own XLA peak", "% fp32 peak", "rel err vs HF fp32", "compile s"]
-    print(common.markdown_table(headers, [[
-        r["variant"], r["patches"], r["dtype"], r["impl"], common.fmt_seconds(r["seconds"]),
-        f"{r['speedup_vs_hf_same_dtype']:.2f}x", f"{r['speedup_vs_hf_fastest']:.2f}x",
-        f"{r['gflops_per_s']:.3g}", f"{r['pct_own_peak']:.0f}%", f"{r['pct_fp32_peak']:.0f}%",
-        "-" if r["rel_err_vs_hf_fp32"] is None else f"{r['rel_err_vs_hf_fp32']:.1e}",
-        f"{r['timing']['compile_s']:.1f}" if "compile_s" in r["timing"] else "-",
-    ] for r in records]))
+    print(
+        common.markdown_table(
+            ["[M,K]x[K,N]", "XLA float32", "XLA bf16 in / f32 acc", "XLA bf16 -> bf16", "torch float32", "torch bf16"],
+            [
+                [
+                    shape,
+                    *(f"{v[m]:.0f}" for m in common.PEAK_MODES),
+                    *(
+                        f"{torch_peak[shape][m]:.0f}" if torch_peak and shape in torch_peak else "-"
+                        for m in ("float32", "bf16_bf16")
+                    ),
+                ]
+                for shape, v in peak["shapes"].items()
+            ],
+        )
+        + "\n"
+    )
+    headers = [
+        "variant",
+        "patches",
+        "dtype",
+        "impl",
+        "seconds",
+        "vs HF same dtype",
+        "vs HF fastest",
+        "GFLOP/s",
+        "% own XLA peak",
+        "% fp32 peak",
+        "rel err vs HF fp32",
+        "compile s",
+    ]
+    print(
+        common.markdown_table(
+            headers,
+            [
+                [
+                    r["variant"],
+                    r["patches"],
+                    r["dtype"],
+                    r["impl"],
+                    common.fmt_seconds(r["seconds"]),
+                    f"{r['speedup_vs_hf_same_dtype']:.2f}x",
+                    f"{r['speedup_vs_hf_fastest']:.2f}x",
+                    f"{r['gflops_per_s']:.3g}",
+                    f"{r['pct_own_peak']:.0f}%",
+                    f"{r['pct_fp32_peak']:.0f}%",
+                    "-" if r["rel_err_vs_hf_fp32"] is None else f"{r['rel_err_vs_hf_fp32']:.1e}",
+                    f"{r['timing']['compile_s']:.1f}" if "compile_s" in r["timing"] else "-",
+                ]
+                for r in records
+            ],
+        )
+    )
     versions = {k: v for res in results.values() for k, v in res["versions"].items()}
-    common.write_json(out, {"bench": "forward", "quick": args.quick, "repeats": repeats, "rounds": args.rounds,
-                            "peak": peak, "peaks": peaks, "torch_peak": torch_peak, "numerics": numerics,
-                            "hf_device": hf_dev, "jax_device": jax_dev, "versions": versions,
-                            "records": records})
+    common.write_json(
+        out,
+        {
+            "bench": "forward",
+            "quick": args.quick,
+            "repeats": repeats,
+            "rounds": args.rounds,
+            "peak": peak,
+            "peaks": peaks,
+            "torch_peak": torch_peak,
+            "numerics": numerics,
+            "hf_device": hf_dev,
+            "jax_device": jax_dev,
+            "versions": versions,
+            "records": records,
+        },
+    )
     plot(records, pathlib.Path(png))
 
 
-if __name__ == "__main__" and not common.worker_main({
-    "hf": hf_worker, "ours": ours_worker, "peak": common.matmul_peak, "build": common.build_checkpoint,
-}):
+if __name__ == "__main__" and not common.worker_main(
+    {
+        "hf": hf_worker,
+        "ours": ours_worker,
+        "peak": common.matmul_peak,
+        "build": common.build_checkpoint,
+    }
+):
     main()

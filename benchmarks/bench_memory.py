@@ -50,9 +50,13 @@ def _status_kib(field: str) -> int:
 
 def _analysis(program) -> dict:
     m = program.memory_analysis()
-    return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
-            "temp": m.temp_size_in_bytes, "code": m.generated_code_size_in_bytes,
-            "alias": m.alias_size_in_bytes}
+    return {
+        "argument": m.argument_size_in_bytes,
+        "output": m.output_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+        "code": m.generated_code_size_in_bytes,
+        "alias": m.alias_size_in_bytes,
+    }
 
 
 def analyze(payload: dict) -> dict:
@@ -70,14 +74,23 @@ def analyze(payload: dict) -> dict:
     rows = []
     for dtype in payload["dtypes"]:
         enc = VisionEncoder(cfg, params, dtype=dtype)
-        weights = sum(int(np.prod(s)) * (2 if dtype == "bfloat16" and k.endswith("kernel") else 4)
-                      for k, s in shapes.items())
+        weights = sum(
+            int(np.prod(s)) * (2 if dtype == "bfloat16" and k.endswith("kernel") else 4) for k, s in shapes.items()
+        )
         for n in payload["patches"]:
-            side = int(round(n ** 0.5))
+            side = int(round(n**0.5))
             (plan,) = planlib.make_plans([[1, side, side]], cfg, enc.policy)
             a = _analysis(enc._program(plan.bucket))
-            rows.append({"preset": payload["preset"], "dtype": dtype, "patches": plan.bucket.patches,
-                         "weights": weights, **a, "peak": a["argument"] + a["output"] + a["temp"]})
+            rows.append(
+                {
+                    "preset": payload["preset"],
+                    "dtype": dtype,
+                    "patches": plan.bucket.patches,
+                    "weights": weights,
+                    **a,
+                    "peak": a["argument"] + a["output"] + a["temp"],
+                }
+            )
             log(f"{payload['preset']} {dtype} {plan.bucket.patches}: {rows[-1]}")
         del enc
     return {"rows": rows}
@@ -95,7 +108,7 @@ def rss(payload: dict) -> dict:
     from qwen_vit_jax.encoder import VisionEncoder
 
     m = payload["max_patches"]
-    side = int(round(m ** 0.5))
+    side = int(round(m**0.5))
     grid = [[3, side, side]]  # 3 frames of M patches: 3 chunks of the largest bucket
     ckpt = prepare_checkpoint("3b", log=lambda s: log(s))
     base = _status_kib("VmRSS") * 1024
@@ -116,11 +129,24 @@ def rss(payload: dict) -> dict:
     assert emb.shape == (n // enc.cfg.merge_unit, enc.cfg.out_dim) and np.isfinite(emb).all()
     transient = sum(a["argument"] - weights + a["output"] for a in analyses)
     bound = steady + sum(a["temp"] for a in analyses) + 2 * transient
-    return {"max_patches": m, "grid": grid, "patches": n, "chunks": len(plans), "buckets": buckets,
-            "rss_before_load": base, "weights": weights, "steady_rss": steady, "peak_rss": peak,
-            "pixels": pixels.nbytes, "temp": sum(a["temp"] for a in analyses), "transient": transient,
-            "bound": bound, "within_bound": peak <= bound, "encode_seconds": seconds,
-            "analysis": analyses[0]}
+    return {
+        "max_patches": m,
+        "grid": grid,
+        "patches": n,
+        "chunks": len(plans),
+        "buckets": buckets,
+        "rss_before_load": base,
+        "weights": weights,
+        "steady_rss": steady,
+        "peak_rss": peak,
+        "pixels": pixels.nbytes,
+        "temp": sum(a["temp"] for a in analyses),
+        "transient": transient,
+        "bound": bound,
+        "within_bound": peak <= bound,
+        "encode_seconds": seconds,
+        "analysis": analyses[0],
+    }
 
 
 def main() -> None:
@@ -136,19 +162,30 @@ def main() -> None:
     if not args.skip_analysis:
         rows = []
         for preset in args.presets.split(","):
-            rows += run_worker(__file__, "analyze", {"preset": preset, "dtypes": args.dtypes.split(","),
-                                                     "patches": [int(p) for p in args.patches.split(",")]})["rows"]
+            rows += run_worker(
+                __file__,
+                "analyze",
+                {
+                    "preset": preset,
+                    "dtypes": args.dtypes.split(","),
+                    "patches": [int(p) for p in args.patches.split(",")],
+                },
+            )["rows"]
         print("| preset | dtype | bucket | weights | arguments | output | temp | code | peak (arg+out+temp) |")
         print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['preset']} | {r['dtype']} | {r['patches']} | {r['weights'] / MiB:,.0f} | "
-                  f"{r['argument'] / MiB:,.0f} | {r['output'] / MiB:,.1f} | {r['temp'] / MiB:,.0f} | "
-                  f"{r['code'] / MiB:,.1f} | {r['peak'] / MiB:,.0f} MiB |")
+            print(
+                f"| {r['preset']} | {r['dtype']} | {r['patches']} | {r['weights'] / MiB:,.0f} | "
+                f"{r['argument'] / MiB:,.0f} | {r['output'] / MiB:,.1f} | {r['temp'] / MiB:,.0f} | "
+                f"{r['code'] / MiB:,.1f} | {r['peak'] / MiB:,.0f} MiB |"
+            )
         out["analysis"] = rows
     if not args.skip_rss:
         r = run_worker(__file__, "rss", {"max_patches": args.rss_max_patches})
-        print(f"3B float32, request {r['grid']} = {r['patches']} patches in {r['chunks']} chunks "
-              f"(buckets {r['buckets']}), encode {r['encode_seconds']:.1f} s")
+        print(
+            f"3B float32, request {r['grid']} = {r['patches']} patches in {r['chunks']} chunks "
+            f"(buckets {r['buckets']}), encode {r['encode_seconds']:.1f} s"
+        )
         for k in ("rss_before_load", "weights", "steady_rss", "temp", "transient", "pixels", "bound", "peak_rss"):
             print(f"  {k:16s} {r[k] / MiB:10,.0f} MiB")
         print(f"  peak within bound: {r['within_bound']}")

@@ -51,15 +51,25 @@ def run_sides(call, p: dict, compiles: dict) -> dict:
         c0 = compiles["count"]
         first = common.time_calls(call, 1, px, g)[0]
         np.save(f"{p['outputs']}/{p['name']}-{side}.npy", call(px, g))
-        out["sizes"][side] = {"first": first, "first_compiles": compiles["count"] - c0,
-                              "times": common.time_calls(call, p["repeats"], px, g)}
+        out["sizes"][side] = {
+            "first": first,
+            "first_compiles": compiles["count"] - c0,
+            "times": common.time_calls(call, p["repeats"], px, g),
+        }
     for h, w in p["probe"]:
         g = np.array([[1, h, w]])
         px = common.random_pixels(g, p["patch_dim"], SEED)
         c0 = compiles["count"]
         first = common.time_calls(call, 1, px, g)[0]
-        out["probe"].append({"h": h, "w": w, "first": first, "compiles": compiles["count"] - c0,
-                             "second": common.time_calls(call, 1, px, g)[0]})
+        out["probe"].append(
+            {
+                "h": h,
+                "w": w,
+                "first": first,
+                "compiles": compiles["count"] - c0,
+                "second": common.time_calls(call, 1, px, g)[0],
+            }
+        )
     out["persistent_cache_hits"] = compiles["cache_hits"]
     return out
 
@@ -80,8 +90,14 @@ def easydel_worker(p: dict) -> dict:
     compiles = common.count_compiles()
     t0 = time.perf_counter()
     model = ed.AutoEasyDeLModelForImageTextToText.from_pretrained(
-        p["hub"], dtype=jnp.float32, param_dtype=jnp.float32, precision=jax.lax.Precision.HIGHEST,
-        from_torch=True, auto_shard_model=False, verbose=False)
+        p["hub"],
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        precision=jax.lax.Precision.HIGHEST,
+        from_torch=True,
+        auto_shard_model=False,
+        verbose=False,
+    )
     graphdef, state = nnx.split(model.model.visual)
     load = time.perf_counter() - t0
 
@@ -94,8 +110,12 @@ def easydel_worker(p: dict) -> dict:
     def call(px, g):
         return np.asarray(program(tuple(map(tuple, g.tolist())))(state, jnp.asarray(px)))
 
-    return {"load_s": load, "device": str(jax.devices()[0]), **run_sides(call, p, compiles),
-            "versions": common.versions("easydel", "jax", "jaxlib", "flax")}
+    return {
+        "load_s": load,
+        "device": str(jax.devices()[0]),
+        **run_sides(call, p, compiles),
+        "versions": common.versions("easydel", "jax", "jaxlib", "flax"),
+    }
 
 
 def ours_worker(p: dict) -> dict:
@@ -107,8 +127,12 @@ def ours_worker(p: dict) -> dict:
     t0 = time.perf_counter()
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="float32")
     load = time.perf_counter() - t0
-    return {"load_s": load, "device": str(jax.devices()[0]), **run_sides(enc.encode, p, compiles),
-            "versions": common.versions("jax", "jaxlib", "flax")}
+    return {
+        "load_s": load,
+        "device": str(jax.devices()[0]),
+        **run_sides(enc.encode, p, compiles),
+        "versions": common.versions("jax", "jaxlib", "flax"),
+    }
 
 
 def hub_layout(hf_dir: str) -> str:
@@ -145,33 +169,63 @@ def main() -> None:
     dirs = common.checkpoint(__file__, VARIANT, args.quick)
     outputs = pathlib.Path(dirs["hf"]).parent / "outputs"
     outputs.mkdir(exist_ok=True)
-    payload = {**dirs, "hub": hub_layout(dirs["hf"]), "sizes": sizes, "repeats": repeats,
-               "probe": probe_sides(sizes), "patch_dim": cfg.patch_dim, "outputs": str(outputs)}
+    payload = {
+        **dirs,
+        "hub": hub_layout(dirs["hf"]),
+        "sizes": sizes,
+        "repeats": repeats,
+        "probe": probe_sides(sizes),
+        "patch_dim": cfg.patch_dim,
+        "outputs": str(outputs),
+    }
     runs = {"EasyDeL": [], "ours": []}
     for i in range(rounds):
         payload["probe"] = payload["probe"] if i == 0 else []  # new sizes: first round only
-        runs["EasyDeL"].append(common.run_worker(__file__, "easydel", {**payload, "name": "easydel"},
-                                                 python=args.easydel_python, env=common.torch_env()))
+        runs["EasyDeL"].append(
+            common.run_worker(
+                __file__, "easydel", {**payload, "name": "easydel"}, python=args.easydel_python, env=common.torch_env()
+            )
+        )
         runs["ours"].append(common.run_worker(__file__, "ours", {**payload, "name": "ours"}))
 
     rows, records = [], []
     for side in sizes:
-        med = {impl: statistics.median(t for r in rs for t in r["sizes"][str(side)]["times"])
-               for impl, rs in runs.items()}
+        med = {
+            impl: statistics.median(t for r in rs for t in r["sizes"][str(side)]["times"]) for impl, rs in runs.items()
+        }
         ed_out, ours_out = (np.load(outputs / f"{name}-{side}.npy") for name in ("easydel", "ours"))
         rel = float(np.linalg.norm(ed_out - ours_out) / np.linalg.norm(ours_out))
         for impl, rs in runs.items():
             first = statistics.median(r["sizes"][str(side)]["first"] for r in rs)
-            rows.append([side * side, impl, common.fmt_seconds(med[impl]),
-                         f"{med['EasyDeL'] / med[impl]:.2f}x",
-                         common.fmt_seconds(first), rs[0]["sizes"][str(side)]["first_compiles"],
-                         f"{rel:.1e}" if impl == "EasyDeL" else "-"])
-        records.append({"patches": side * side, "grid_thw": [[1, side, side]], "median_s": med,
-                        "speedup_vs_easydel": med["EasyDeL"] / med["ours"], "rel_diff_easydel_vs_ours": rel})
-    print(f"{VARIANT}{' (quick: 2 blocks)' if args.quick else ''} float32, {rounds} round(s) x {repeats} "
-          f"timed calls per side, {runs['ours'][0]['device']}\n")
-    print(common.markdown_table(["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)",
-                                 "rel diff vs ours"], rows))
+            rows.append(
+                [
+                    side * side,
+                    impl,
+                    common.fmt_seconds(med[impl]),
+                    f"{med['EasyDeL'] / med[impl]:.2f}x",
+                    common.fmt_seconds(first),
+                    rs[0]["sizes"][str(side)]["first_compiles"],
+                    f"{rel:.1e}" if impl == "EasyDeL" else "-",
+                ]
+            )
+        records.append(
+            {
+                "patches": side * side,
+                "grid_thw": [[1, side, side]],
+                "median_s": med,
+                "speedup_vs_easydel": med["EasyDeL"] / med["ours"],
+                "rel_diff_easydel_vs_ours": rel,
+            }
+        )
+    print(
+        f"{VARIANT}{' (quick: 2 blocks)' if args.quick else ''} float32, {rounds} round(s) x {repeats} "
+        f"timed calls per side, {runs['ours'][0]['device']}\n"
+    )
+    print(
+        common.markdown_table(
+            ["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)", "rel diff vs ours"], rows
+        )
+    )
     probe_rows = []
     for i, (h, w) in enumerate(probe_sides(sizes)):
         row = [f"{h}x{w}"]
@@ -180,17 +234,33 @@ def main() -> None:
             row += [pr["compiles"], common.fmt_seconds(pr["first"]), common.fmt_seconds(pr["second"])]
         probe_rows.append(row)
     print("\nNew image sizes after warm-up (first process of each side):\n")
-    print(common.markdown_table(
-        ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))],
-        probe_rows))
+    print(
+        common.markdown_table(
+            ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))], probe_rows
+        )
+    )
     load = {impl: statistics.median(r["load_s"] for r in rs) for impl, rs in runs.items()}
     print("\nLoad (convert + place weights), median: " + ", ".join(f"{k} {v:.1f} s" for k, v in load.items()))
-    common.write_json(args.out or common.default_out("peer", args.quick), {
-        "bench": "peer", "variant": VARIANT, "quick": args.quick, "repeats": repeats, "rounds": rounds,
-        "records": records, "load_s": load, "runs": runs})
+    common.write_json(
+        args.out or common.default_out("peer", args.quick),
+        {
+            "bench": "peer",
+            "variant": VARIANT,
+            "quick": args.quick,
+            "repeats": repeats,
+            "rounds": rounds,
+            "records": records,
+            "load_s": load,
+            "runs": runs,
+        },
+    )
 
 
-if __name__ == "__main__" and not common.worker_main({
-    "easydel": easydel_worker, "ours": ours_worker, "build": common.build_checkpoint,
-}):
+if __name__ == "__main__" and not common.worker_main(
+    {
+        "easydel": easydel_worker,
+        "ours": ours_worker,
+        "build": common.build_checkpoint,
+    }
+):
     main()

@@ -57,8 +57,12 @@ def ours_worker(p: dict) -> dict:
         first = common.time_calls(plan.make_plans, 1, g, cfg, setup=clear)[0]  # + loading numba's cache
         uncached = common.time_calls(plan.make_plans, p["repeats"], g, cfg, setup=clear)
         cached = common.time_calls(plan.make_plans, p["repeats"], g, cfg)
-        out[name] = {"first": first, "uncached": common.summary(uncached), "cached": common.summary(cached),
-                     "buckets": [dataclasses.asdict(pl.bucket) for pl in plan.make_plans(g, cfg)]}
+        out[name] = {
+            "first": first,
+            "uncached": common.summary(uncached),
+            "cached": common.summary(cached),
+            "buckets": [dataclasses.asdict(pl.bucket) for pl in plan.make_plans(g, cfg)],
+        }
     return out
 
 
@@ -72,8 +76,12 @@ def hf_worker(p: dict) -> dict:
 
     c = PRESETS[VARIANT]
     hf_cfg = Qwen2_5_VLVisionConfig(
-        depth=c.depth, hidden_size=c.width, num_heads=c.num_heads, intermediate_size=c.intermediate_size,
-        out_hidden_size=c.out_dim, window_size=c.window_size,
+        depth=c.depth,
+        hidden_size=c.width,
+        num_heads=c.num_heads,
+        intermediate_size=c.intermediate_size,
+        out_hidden_size=c.out_dim,
+        window_size=c.window_size,
         fullatt_block_indexes=list(c.fullatt_block_indexes),
     )
     rotary = Qwen2_5_VLVisionRotaryEmbedding(hf_cfg)
@@ -104,8 +112,7 @@ def merge_rounds(results: list[dict], keys: tuple[str, ...]) -> dict:
     out = dict(results[0])
     for name, case in results[0].items():
         if isinstance(case, dict) and "first" in case:
-            out[name] = {**case, **{k: common.summary([t for r in results for t in r[name][k]["times"]])
-                                    for k in keys}}
+            out[name] = {**case, **{k: common.summary([t for r in results for t in r[name][k]["times"]]) for k in keys}}
     return out
 
 
@@ -128,23 +135,46 @@ def main() -> None:
     hf_runs = [merge_rounds(runs, ("times",)) for runs in hf_rounds]
     threads = [r["torch_threads"] for r in hf_runs]
 
-    headers = ["case", "patches", *(f"HF {t} thr" for t in threads), "ours uncached", "ours cached",
-               "HF / uncached", "HF / cached"]
+    headers = [
+        "case",
+        "patches",
+        *(f"HF {t} thr" for t in threads),
+        "ours uncached",
+        "ours cached",
+        "HF / uncached",
+        "HF / cached",
+    ]
     rows, records = [], []
     for name, grid in cases.items():
         hfs = [r[name]["times"]["median"] for r in hf_runs]
         h, u, c = min(hfs), ours[name]["uncached"]["median"], ours[name]["cached"]["median"]
         patches = int(np.prod(grid, axis=1).sum())
         rows.append([name, patches, *map(common.fmt_seconds, (*hfs, u, c)), f"{h / u:.1f}x", f"{h / c:.0f}x"])
-        records.append({"case": name, "grid_thw": grid, "patches": patches,
-                        "hf": {f"threads_{t}": r[name] for t, r in zip(threads, hf_runs)}, "ours": ours[name],
-                        "ratio_uncached": h / u, "ratio_cached": h / c})
+        records.append(
+            {
+                "case": name,
+                "grid_thw": grid,
+                "patches": patches,
+                "hf": {f"threads_{t}": r[name] for t, r in zip(threads, hf_runs)},
+                "ours": ours[name],
+                "ratio_uncached": h / u,
+                "ratio_cached": h / c,
+            }
+        )
     print(f"Host index work, medians of {rounds} round(s) x {repeats} calls (ratios vs the faster HF run)\n")
     print(common.markdown_table(headers, rows))
     versions = {**common.versions("numba", "numpy"), **hf_runs[0]["versions"]}
-    common.write_json(args.out or common.default_out("plan", args.quick),
-                      {"bench": "plan", "variant": VARIANT, "repeats": repeats, "rounds": rounds, "cases": records,
-                       "versions": versions})
+    common.write_json(
+        args.out or common.default_out("plan", args.quick),
+        {
+            "bench": "plan",
+            "variant": VARIANT,
+            "repeats": repeats,
+            "rounds": rounds,
+            "cases": records,
+            "versions": versions,
+        },
+    )
 
 
 if __name__ == "__main__" and not common.worker_main({"ours": ours_worker, "hf": hf_worker}):

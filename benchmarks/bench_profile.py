@@ -86,9 +86,11 @@ def _peak_fn(mode: str):
     import jax.numpy as jnp
 
     m, k, n = PEAK_SHAPE
-    dtype, result, prec = {"float32": (jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
-                           "bf16_f32acc": (jnp.bfloat16, jnp.float32, None),
-                           "bf16_bf16": (jnp.bfloat16, jnp.bfloat16, None)}[mode]
+    dtype, result, prec = {
+        "float32": (jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
+        "bf16_f32acc": (jnp.bfloat16, jnp.float32, None),
+        "bf16_bf16": (jnp.bfloat16, jnp.bfloat16, None),
+    }[mode]
     a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
     return jax.jit(lambda x, y: jnp.dot(x, y, precision=prec, preferred_element_type=result)), (a, b), 2 * m * k * n
@@ -114,8 +116,10 @@ def _operand_state(module, num):
     from flax import nnx
 
     graphdef, state = nnx.split(module)
-    flat = [(path, var.replace(var[...].astype(num.operand_dtype) if path[-1] == "kernel" else var[...]))
-            for path, var in nnx.to_flat_state(state)]
+    flat = [
+        (path, var.replace(var[...].astype(num.operand_dtype) if path[-1] == "kernel" else var[...]))
+        for path, var in nnx.to_flat_state(state)
+    ]
     return graphdef, nnx.from_flat_state(flat)
 
 
@@ -123,9 +127,11 @@ def _dot_gflops(m: int, k: int, n: int, mode: str, repeats: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    dtype, result, prec = {"float32": (jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
-                           "bf16_f32acc": (jnp.bfloat16, jnp.float32, None),
-                           "bf16_bf16": (jnp.bfloat16, jnp.bfloat16, None)}[mode]
+    dtype, result, prec = {
+        "float32": (jnp.float32, jnp.float32, jax.lax.Precision.HIGHEST),
+        "bf16_f32acc": (jnp.bfloat16, jnp.float32, None),
+        "bf16_bf16": (jnp.bfloat16, jnp.bfloat16, None),
+    }[mode]
     a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32).astype(dtype)
     f = jax.jit(lambda x, y: jnp.dot(x, y, precision=prec, preferred_element_type=result))
@@ -165,43 +171,91 @@ def pieces_worker(p: dict) -> dict:
     seg_flops = 4 * d * tiles.shape[1] * blk_rows * kb * blk_rows  # every tile: [Q, Dh] x [Dh, KB*Q] x 2 per head
     pieces = {  # name -> (fn, args, FLOPs computed on the bucket, count per forward)
         "norm (RMSNorm)": (jax.jit(lambda st, x: blk(st).norm1(x)), (state, x), 0, 2 * cfg.depth),
-        "qkv dot [N,1280]x[1280,3840]": (jax.jit(lambda st, x: blk(st).attn.qkv(x)), (state, x),
-                                         2 * n * d * 3 * d, cfg.depth),
-        "rotary (q and k)": (jax.jit(lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))),
-                             (q, k), 0, cfg.depth),
+        "qkv dot [N,1280]x[1280,3840]": (
+            jax.jit(lambda st, x: blk(st).attn.qkv(x)),
+            (state, x),
+            2 * n * d * 3 * d,
+            cfg.depth,
+        ),
+        "rotary (q and k)": (
+            jax.jit(lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))),
+            (q, k),
+            0,
+            cfg.depth,
+        ),
         "window attention core": (
-            jax.jit(lambda q, k, v: window_attention(q, k, v, tables["window_tokens"], tables["window_ids"],
-                                                     tables["window_slot"], num)),
-            (q, k, v), 4 * win_slots * s * s * d, cfg.depth - len(cfg.fullatt_block_indexes)),
+            jax.jit(
+                lambda q, k, v: window_attention(
+                    q, k, v, tables["window_tokens"], tables["window_ids"], tables["window_slot"], num
+                )
+            ),
+            (q, k, v),
+            4 * win_slots * s * s * d,
+            cfg.depth - len(cfg.fullatt_block_indexes),
+        ),
         "segment attention core": (
-            jax.jit(lambda q, k, v: segment_attention(q, k, v, tables["segment_ids"], tables["tiles"], blk_rows,
-                                                      kb, num)),
-            (q, k, v), seg_flops, len(cfg.fullatt_block_indexes)),
-        "proj dot [N,1280]x[1280,1280]": (jax.jit(lambda st, x: blk(st).attn.proj(x)), (state, x),
-                                          2 * n * d * d, cfg.depth),
-        "MLP gate dot [N,1280]x[1280,3420]": (jax.jit(lambda st, x: blk(st).mlp.gate(x)), (state, x),
-                                              2 * n * d * i, cfg.depth),
-        "MLP up dot [N,1280]x[1280,3420]": (jax.jit(lambda st, x: blk(st).mlp.up(x)), (state, x),
-                                            2 * n * d * i, cfg.depth),
-        "MLP down dot [N,3420]x[3420,1280]": (jax.jit(lambda st, h: blk(st).mlp.down(h)), (state, hid),
-                                              2 * n * d * i, cfg.depth),
-        "MLP act * up (elementwise)": (jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b), (state, hid, hid),
-                                       0, cfg.depth),
+            jax.jit(
+                lambda q, k, v: segment_attention(q, k, v, tables["segment_ids"], tables["tiles"], blk_rows, kb, num)
+            ),
+            (q, k, v),
+            seg_flops,
+            len(cfg.fullatt_block_indexes),
+        ),
+        "proj dot [N,1280]x[1280,1280]": (
+            jax.jit(lambda st, x: blk(st).attn.proj(x)),
+            (state, x),
+            2 * n * d * d,
+            cfg.depth,
+        ),
+        "MLP gate dot [N,1280]x[1280,3420]": (
+            jax.jit(lambda st, x: blk(st).mlp.gate(x)),
+            (state, x),
+            2 * n * d * i,
+            cfg.depth,
+        ),
+        "MLP up dot [N,1280]x[1280,3420]": (
+            jax.jit(lambda st, x: blk(st).mlp.up(x)),
+            (state, x),
+            2 * n * d * i,
+            cfg.depth,
+        ),
+        "MLP down dot [N,3420]x[3420,1280]": (
+            jax.jit(lambda st, h: blk(st).mlp.down(h)),
+            (state, hid),
+            2 * n * d * i,
+            cfg.depth,
+        ),
+        "MLP act * up (elementwise)": (
+            jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b),
+            (state, hid, hid),
+            0,
+            cfg.depth,
+        ),
         "SwiGLU whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 3 * 2 * n * d * i, 0),
         "block, window attention": (
             jax.jit(lambda st, x: blk(st)(x, cos, sin, tables, full=False, key_blocks=kb, block=blk_rows)),
-            (state, x), 0, 0),
+            (state, x),
+            0,
+            0,
+        ),
         "block, full attention": (
             jax.jit(lambda st, x: blk(st)(x, cos, sin, tables, full=True, key_blocks=kb, block=blk_rows)),
-            (state, x), 0, 0),
+            (state, x),
+            0,
+            0,
+        ),
     }
     mode = _own_mode(num)
     out = {"numerics": str(num), "bucket": str(bucket), "peak_mode": mode, "pieces": {}}
     peak = _peak_fn(mode)
     for name, (fn, args, flops, count) in pieces.items():
         sec, pk = _timed_vs_peak(fn, args, peak, reps)
-        out["pieces"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9 if flops else None, "count": count,
-                               "peak": pk}
+        out["pieces"][name] = {
+            "ms": 1e3 * sec,
+            "gflops": flops / sec / 1e9 if flops else None,
+            "count": count,
+            "peak": pk,
+        }
         common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms (peak {pk:.0f})")
     out["peak"] = statistics.median(x["peak"] for x in out["pieces"].values())
     if p.get("ours"):
@@ -234,8 +288,14 @@ def gap_worker(p: dict) -> dict:
     graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
     x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
     cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
-    blocks = {full: jax.jit(lambda st, x, full=full: nnx.merge(graphdef, st)(
-        x, cos, sin, tables, full=full, key_blocks=kb, block=blk_rows)) for full in (False, True)}
+    blocks = {
+        full: jax.jit(
+            lambda st, x, full=full: nnx.merge(graphdef, st)(
+                x, cos, sin, tables, full=full, key_blocks=kb, block=blk_rows
+            )
+        )
+        for full in (False, True)
+    }
     kinds = cfg.full_attention_layers
 
     def layers():
@@ -253,8 +313,12 @@ def gap_worker(p: dict) -> dict:
     for _ in range(p["repeats"]):
         tf += common.time_calls(enc.encode, 1, px, g)
         tl += common.time_calls(layers, 1)
-    return {"numerics": str(enc.num), "forward_s": tf, "layers_s": tl,
-            "ratio": statistics.median(f / l for f, l in zip(tf, tl))}
+    return {
+        "numerics": str(enc.num),
+        "forward_s": tf,
+        "layers_s": tl,
+        "ratio": statistics.median(f / l for f, l in zip(tf, tl)),
+    }
 
 
 def stack_worker(p: dict) -> dict:
@@ -272,8 +336,10 @@ def stack_worker(p: dict) -> dict:
     num = Numerics("bfloat16")
     n, d, i, layers = plan.bucket.patches, cfg.width, cfg.intermediate_size, p["layers"]
     keys = jax.random.split(jax.random.key(0), 3)
-    w = [(jax.random.normal(k, shape, jnp.float32) * 0.02).astype(jnp.bfloat16)
-         for k, shape in zip(keys, [(layers, d, i), (layers, d, i), (layers, i, d)])]
+    w = [
+        (jax.random.normal(k, shape, jnp.float32) * 0.02).astype(jnp.bfloat16)
+        for k, shape in zip(keys, [(layers, d, i), (layers, d, i), (layers, i, d)])
+    ]
     x = jax.random.normal(jax.random.key(2), (n, d), jnp.float32)
 
     def run(ws, x, unpack):
@@ -281,18 +347,23 @@ def stack_worker(p: dict) -> dict:
             g, u, dn = (unpack(jax.lax.dynamic_index_in_dim(a, j, keepdims=False)) for a in ws)
             h = jax.nn.silu(num.einsum("nd,di->ni", x, g)) * num.einsum("nd,di->ni", x, u)
             return x + num.einsum("ni,id->nd", h, dn)
+
         return jax.lax.fori_loop(0, layers, body, x)
 
     variants = {
         "bf16 stack": (jax.jit(lambda ws, x: run(ws, x, lambda a: a)), w),
-        "uint16 bit-cast stack": (jax.jit(lambda ws, x: run(ws, x, lambda a: jax.lax.bitcast_convert_type(
-            a, jnp.bfloat16))), [jax.lax.bitcast_convert_type(a, jnp.uint16) for a in w]),
+        "uint16 bit-cast stack": (
+            jax.jit(lambda ws, x: run(ws, x, lambda a: jax.lax.bitcast_convert_type(a, jnp.bfloat16))),
+            [jax.lax.bitcast_convert_type(a, jnp.uint16) for a in w],
+        ),
     }
     out, ys, times = {}, {}, {k: [] for k in variants}
     for name, (fn, ws) in variants.items():
         text = fn.lower(ws, x).compile().as_text()
-        out[name] = {"f32_stack_converts": text.count(f"f32[{layers},{d},{i}]{{2,1,0}} convert(")
-                     + text.count(f"f32[{layers},{i},{d}]{{2,1,0}} convert(")}
+        out[name] = {
+            "f32_stack_converts": text.count(f"f32[{layers},{d},{i}]{{2,1,0}} convert(")
+            + text.count(f"f32[{layers},{i},{d}]{{2,1,0}} convert(")
+        }
         ys[name] = np.asarray(fn(ws, x))
     for _ in range(p["repeats"]):
         for name, (fn, ws) in variants.items():
@@ -323,8 +394,9 @@ def u16_forward_worker(p: dict) -> dict:
     tables = dict(zip(PLAN_KEYS, tables))
     kb, blk = plan.bucket.key_blocks, plan.bucket.block
     blocks_gd, blocks_state = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
-    packed = jax.tree.map(lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype == jnp.bfloat16 else a,
-                          blocks_state)
+    packed = jax.tree.map(
+        lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype == jnp.bfloat16 else a, blocks_state
+    )
 
     def unpack(a):
         return jax.lax.bitcast_convert_type(a, jnp.bfloat16) if a.dtype == jnp.uint16 else a
@@ -348,8 +420,9 @@ def u16_forward_worker(p: dict) -> dict:
                 if length == 1:
                     x = layer_at(x, start, full)
                 else:
-                    x = jax.lax.scan(lambda x, i, full=full: (layer_at(x, i, full), None), x,
-                                     start + jnp.arange(length))[0]
+                    x = jax.lax.scan(
+                        lambda x, i, full=full: (layer_at(x, i, full), None), x, start + jnp.arange(length)
+                    )[0]
                 start = start + length
             return x, None
 
@@ -359,17 +432,24 @@ def u16_forward_worker(p: dict) -> dict:
     base = enc._program(plan.bucket)
     new = jax.jit(fwd).lower(enc._state, packed, px, tables).compile()
     text = new.as_text()
-    calls = {"encoder program": lambda: jax.block_until_ready(base(enc._state, px, tables)),
-             "uint16 stacks": lambda: jax.block_until_ready(new(enc._state, packed, px, tables))}
+    calls = {
+        "encoder program": lambda: jax.block_until_ready(base(enc._state, px, tables)),
+        "uint16 stacks": lambda: jax.block_until_ready(new(enc._state, packed, px, tables)),
+    }
     ys = {k: np.asarray(f()) for k, f in calls.items()}
     times = {k: [] for k in calls}
     for _ in range(p["repeats"]):
         for k, f in calls.items():
             times[k] += common.time_calls(f, 1)
-    return {"ms": {k: 1e3 * statistics.median(t) for k, t in times.items()}, "times": times,
-            "bitwise_equal": bool(np.array_equal(ys["encoder program"], ys["uint16 stacks"])),
-            "f32_stack_converts": {"encoder program": base.as_text().count("f32[32,"),
-                                   "uint16 stacks": text.count("f32[32,")}}
+    return {
+        "ms": {k: 1e3 * statistics.median(t) for k, t in times.items()},
+        "times": times,
+        "bitwise_equal": bool(np.array_equal(ys["encoder program"], ys["uint16 stacks"])),
+        "f32_stack_converts": {
+            "encoder program": base.as_text().count("f32[32,"),
+            "uint16 stacks": text.count("f32[32,"),
+        },
+    }
 
 
 def dots_worker(p: dict) -> dict:
@@ -424,8 +504,11 @@ def mlp_pad_worker(p: dict) -> dict:
             ref_fn = y
         sec, pk = _timed_vs_peak(fn, (state, x), peak, p["repeats"])
         out["sizes"][size] = {
-            "ms": 1e3 * sec, "peak": pk, "gflops_real": 3 * 2 * n * cfg.width * cfg.intermediate_size / sec / 1e9,
-            "max_abs_diff": float(np.abs(y - ref_fn).max()), "bitwise_equal": bool(np.array_equal(y, ref_fn)),
+            "ms": 1e3 * sec,
+            "peak": pk,
+            "gflops_real": 3 * 2 * n * cfg.width * cfg.intermediate_size / sec / 1e9,
+            "max_abs_diff": float(np.abs(y - ref_fn).max()),
+            "bitwise_equal": bool(np.array_equal(y, ref_fn)),
             "rel_diff": float(np.linalg.norm(y - ref_fn) / np.linalg.norm(ref_fn)),
         }
         common.log(f"mlp I={size}: {out['sizes'][size]}")
@@ -491,16 +574,29 @@ def attn_worker(p: dict) -> dict:
     for g in (2, 4):
         wg = -(-w // g)
         variants[f"window: {g} slots grouped"] = (
-            lambda q, k, v, g=g: _window_grouped(q, k, v, wt, wi, ws, num, g), 4 * wg * (g * s) ** 2 * d)
+            lambda q, k, v, g=g: _window_grouped(q, k, v, wt, wi, ws, num, g),
+            4 * wg * (g * s) ** 2 * d,
+        )
     tiles = np.asarray(plan.tiles)
-    seg = 4 * d * tiles.shape[1] * plan.bucket.block ** 2 * plan.bucket.key_blocks
-    for name, nm in (("current (tile loops)", num), ("batched", dataclasses.replace(num, tile_loops=False)),
-                     ("tile loops, f32 operands", dataclasses.replace(f32, tile_loops=True))):
+    seg = 4 * d * tiles.shape[1] * plan.bucket.block**2 * plan.bucket.key_blocks
+    for name, nm in (
+        ("current (tile loops)", num),
+        ("batched", dataclasses.replace(num, tile_loops=False)),
+        ("tile loops, f32 operands", dataclasses.replace(f32, tile_loops=True)),
+    ):
         variants[f"segment: {name}"] = (
-            lambda q, k, v, nm=nm: segment_attention(q, k, v, t["segment_ids"], t["tiles"], plan.bucket.block,
-                                                     plan.bucket.key_blocks, nm), seg)
-    out = {"numerics": str(num), "bucket": str(plan.bucket), "window_slots": [w, s], "tiles": tiles.shape[1],
-           "variants": {}}
+            lambda q, k, v, nm=nm: segment_attention(
+                q, k, v, t["segment_ids"], t["tiles"], plan.bucket.block, plan.bucket.key_blocks, nm
+            ),
+            seg,
+        )
+    out = {
+        "numerics": str(num),
+        "bucket": str(plan.bucket),
+        "window_slots": [w, s],
+        "tiles": tiles.shape[1],
+        "variants": {},
+    }
     refs, peak = {}, _peak_fn(_own_mode(num))
     for name, (fn, flops) in variants.items():
         fn = jax.jit(fn)
@@ -508,8 +604,12 @@ def attn_worker(p: dict) -> dict:
         kind = name.split(":")[0]
         refs.setdefault(kind, y)
         sec, pk = _timed_vs_peak(fn, (q, k, v), peak, reps)
-        out["variants"][name] = {"ms": 1e3 * sec, "gflops": flops / sec / 1e9, "peak": pk,
-                                 "max_abs_diff_vs_current": float(np.abs(y - refs[kind]).max())}
+        out["variants"][name] = {
+            "ms": 1e3 * sec,
+            "gflops": flops / sec / 1e9,
+            "peak": pk,
+            "max_abs_diff_vs_current": float(np.abs(y - refs[kind]).max()),
+        }
         common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms")
     out["peak"] = statistics.median(x["peak"] for x in out["variants"].values())
     return out
@@ -533,9 +633,12 @@ def flags_worker(p: dict) -> dict:
         graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
         x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
         cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
-        fns = {"mlp": jax.jit(lambda st, x: nnx.merge(graphdef, st).mlp(x)),
-               "block": jax.jit(lambda st, x: nnx.merge(graphdef, st)(x, cos, sin, tables, full=False,
-                                                                        key_blocks=kb, block=blk_rows))}
+        fns = {
+            "mlp": jax.jit(lambda st, x: nnx.merge(graphdef, st).mlp(x)),
+            "block": jax.jit(
+                lambda st, x: nnx.merge(graphdef, st)(x, cos, sin, tables, full=False, key_blocks=kb, block=blk_rows)
+            ),
+        }
         for name, fn in fns.items():
             np.save(f"{p['save']}/{p['name']}-{dtype}-{name}.npy", np.asarray(fn(state, x)))
             res[f"{name}_{dtype}_ms"] = 1e3 * _timed(fn, (state, x), p["repeats"])
@@ -560,8 +663,14 @@ def flags_part(args, base: dict, dtypes: list[str]) -> dict:
         for name in names if rnd % 2 == 0 else names[::-1]:
             env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {FLAG_SETS[name]}".strip())
             try:
-                runs[name].append(common.run_worker(__file__, "flags", {
-                    **base, "dtypes": dtypes, "save": save, "name": f"{names.index(name)}-{rnd}"}, env=env))
+                runs[name].append(
+                    common.run_worker(
+                        __file__,
+                        "flags",
+                        {**base, "dtypes": dtypes, "save": save, "name": f"{names.index(name)}-{rnd}"},
+                        env=env,
+                    )
+                )
             except RuntimeError as e:
                 runs[name].append({"error": str(e)})
     out, rows = {}, []
@@ -572,23 +681,40 @@ def flags_part(args, base: dict, dtypes: list[str]) -> dict:
             out[name] = {"error": runs[name][0]["error"]}
             rows.append([name, f"`{FLAG_SETS[name]}`", "failed", *[""] * (2 + len(keys) + len(dtypes))])
             continue
-        pk = {m: statistics.median(r["dots"]["x".join(map(str, PEAK_SHAPE))][m] for r in ok)
-              for m in common.PEAK_MODES}
+        pk = {m: statistics.median(r["dots"]["x".join(map(str, PEAK_SHAPE))][m] for r in ok) for m in common.PEAK_MODES}
         ms = {k: statistics.median(r[k] for r in ok) for k in keys}
         diff = {}
         for dt in dtypes:  # largest relative difference from the default, over rounds and pieces
             ref = {w: np.load(f"{save}/0-0-{dt}-{w}.npy") for w in ("mlp", "block")}
-            diff[dt] = max(float(np.linalg.norm(np.load(f"{save}/{names.index(name)}-{rnd}-{dt}-{w}.npy") - ref[w])
-                                 / np.linalg.norm(ref[w]))
-                           for rnd, r in enumerate(runs[name]) if "error" not in r for w in ("mlp", "block"))
+            diff[dt] = max(
+                float(
+                    np.linalg.norm(np.load(f"{save}/{names.index(name)}-{rnd}-{dt}-{w}.npy") - ref[w])
+                    / np.linalg.norm(ref[w])
+                )
+                for rnd, r in enumerate(runs[name])
+                if "error" not in r
+                for w in ("mlp", "block")
+            )
         out[name] = {"peak": pk, "ms": ms, "rel_diff_vs_default": diff, "rounds": len(ok)}
-        rows.append([name, f"`{FLAG_SETS[name]}`" if FLAG_SETS[name] else "-",
-                     *(f"{pk[m]:.0f}" for m in common.PEAK_MODES), *(f"{ms[k]:.0f}" for k in keys),
-                     *(f"{diff[dt]:.1e}" for dt in dtypes)])
-    print(f"### XLA flags ({args.flag_rounds} alternating rounds, medians): dot GFLOP/s on "
-          f"[1536,1280]x[1280,5120]; SwiGLU and window-attention block ms (1536 rows); rel diff vs default\n")
-    print(common.markdown_table(["flags", "XLA_FLAGS", *common.PEAK_MODES, *keys,
-                                 *(f"rel diff {dt}" for dt in dtypes)], rows) + "\n")
+        rows.append(
+            [
+                name,
+                f"`{FLAG_SETS[name]}`" if FLAG_SETS[name] else "-",
+                *(f"{pk[m]:.0f}" for m in common.PEAK_MODES),
+                *(f"{ms[k]:.0f}" for k in keys),
+                *(f"{diff[dt]:.1e}" for dt in dtypes),
+            ]
+        )
+    print(
+        f"### XLA flags ({args.flag_rounds} alternating rounds, medians): dot GFLOP/s on "
+        f"[1536,1280]x[1280,5120]; SwiGLU and window-attention block ms (1536 rows); rel diff vs default\n"
+    )
+    print(
+        common.markdown_table(
+            ["flags", "XLA_FLAGS", *common.PEAK_MODES, *keys, *(f"rel diff {dt}" for dt in dtypes)], rows
+        )
+        + "\n"
+    )
     return out
 
 
@@ -611,80 +737,162 @@ def main() -> None:
     if "pieces" in parts:
         res["pieces"] = {}
         for dtype in dtypes:
-            r = res["pieces"][dtype] = common.run_worker(__file__, "pieces", {
-                **base, "dtype": dtype, "ours": str(ckpt) if ckpt.is_dir() else None})
+            r = res["pieces"][dtype] = common.run_worker(
+                __file__, "pieces", {**base, "dtype": dtype, "ours": str(ckpt) if ckpt.is_dir() else None}
+            )
             rows, total = [], 0.0
             for name, x in r["pieces"].items():
                 total += x["ms"] * x["count"]
-                rows.append([name, f"{x['ms']:.2f}", x["count"] or "-",
-                             f"{x['ms'] * x['count']:.0f}" if x["count"] else "-",
-                             f"{x['gflops']:.0f}" if x["gflops"] else "-",
-                             f"{100 * x['gflops'] / x['peak']:.0f}%" if x["gflops"] else "-", f"{x['peak']:.0f}"])
-            print(f"### pieces, {r['numerics']}, {r['bucket']}; peak mode {r['peak_mode']}, median "
-                  f"{r['peak']:.0f} GFLOP/s\n")
-            print(common.markdown_table(["piece", "ms", "per forward", "ms per forward", "GFLOP/s", "% peak",
-                                         "peak (interleaved)"], rows))
-            fwd = (f"{r['forward_ms']:.0f} ms, {r['forward_gflops']:.0f} GFLOP/s real rows = "
-                   f"{100 * r['forward_gflops'] / r['forward_peak']:.0f}% of the interleaved peak "
-                   f"{r['forward_peak']:.0f}") if r.get("forward_ms") else "-"
-            print(f"\nsum of pieces x count: {total:.0f} ms; real forward (encode): {fwd}; "
-                  f"uptime load {os.getloadavg()[0]:.2f}\n")
+                rows.append(
+                    [
+                        name,
+                        f"{x['ms']:.2f}",
+                        x["count"] or "-",
+                        f"{x['ms'] * x['count']:.0f}" if x["count"] else "-",
+                        f"{x['gflops']:.0f}" if x["gflops"] else "-",
+                        f"{100 * x['gflops'] / x['peak']:.0f}%" if x["gflops"] else "-",
+                        f"{x['peak']:.0f}",
+                    ]
+                )
+            print(
+                f"### pieces, {r['numerics']}, {r['bucket']}; peak mode {r['peak_mode']}, median "
+                f"{r['peak']:.0f} GFLOP/s\n"
+            )
+            print(
+                common.markdown_table(
+                    ["piece", "ms", "per forward", "ms per forward", "GFLOP/s", "% peak", "peak (interleaved)"], rows
+                )
+            )
+            fwd = (
+                (
+                    f"{r['forward_ms']:.0f} ms, {r['forward_gflops']:.0f} GFLOP/s real rows = "
+                    f"{100 * r['forward_gflops'] / r['forward_peak']:.0f}% of the interleaved peak "
+                    f"{r['forward_peak']:.0f}"
+                )
+                if r.get("forward_ms")
+                else "-"
+            )
+            print(
+                f"\nsum of pieces x count: {total:.0f} ms; real forward (encode): {fwd}; "
+                f"uptime load {os.getloadavg()[0]:.2f}\n"
+            )
     if "dots" in parts:
         n = 1536
         shapes = [[n, 1280, c] for c in (1280, 3840, 3420, 3456, 3584, 4096, 5120)]
         shapes += [[n, c, 1280] for c in (3420, 3456, 3584, 4096)] + [[n, 1176, 1280], [n // 4, 5120, 5120]]
         res["dots"] = common.run_worker(__file__, "dots", {**base, "shapes": shapes})
         print("### XLA dots, GFLOP/s\n")
-        print(common.markdown_table(["[M,K]x[K,N]", *common.PEAK_MODES, "bf16_f32acc rel err", "bf16_bf16 rel err"], [
-            [s, *(f"{v[m]:.0f}" for m in common.PEAK_MODES), f"{v['bf16_f32acc_rel_err']:.1e}",
-             f"{v['bf16_bf16_rel_err']:.1e}"] for s, v in res["dots"].items()]) + "\n")
+        print(
+            common.markdown_table(
+                ["[M,K]x[K,N]", *common.PEAK_MODES, "bf16_f32acc rel err", "bf16_bf16 rel err"],
+                [
+                    [
+                        s,
+                        *(f"{v[m]:.0f}" for m in common.PEAK_MODES),
+                        f"{v['bf16_f32acc_rel_err']:.1e}",
+                        f"{v['bf16_bf16_rel_err']:.1e}",
+                    ]
+                    for s, v in res["dots"].items()
+                ],
+            )
+            + "\n"
+        )
     if "mlp_pad" in parts:
         res["mlp_pad"] = {}
         for dtype in dtypes:
-            r = res["mlp_pad"][dtype] = common.run_worker(__file__, "mlp_pad", {
-                **base, "dtype": dtype, "sizes": [3456, 3584, 4096]})
+            r = res["mlp_pad"][dtype] = common.run_worker(
+                __file__, "mlp_pad", {**base, "dtype": dtype, "sizes": [3456, 3584, 4096]}
+            )
             print(f"### SwiGLU zero-padded, {r['numerics']}; peak {r['peak']:.0f} GFLOP/s\n")
             headers = ["I", "ms", "real GFLOP/s", "% peak", "bitwise equal", "max abs diff", "rel diff"]
-            print(common.markdown_table(headers, [
-                [s, f"{x['ms']:.2f}", f"{x['gflops_real']:.0f}", f"{100 * x['gflops_real'] / x['peak']:.0f}%",
-                 x["bitwise_equal"], f"{x['max_abs_diff']:.1e}", f"{x['rel_diff']:.1e}"]
-                for s, x in r["sizes"].items()]) + "\n")
+            print(
+                common.markdown_table(
+                    headers,
+                    [
+                        [
+                            s,
+                            f"{x['ms']:.2f}",
+                            f"{x['gflops_real']:.0f}",
+                            f"{100 * x['gflops_real'] / x['peak']:.0f}%",
+                            x["bitwise_equal"],
+                            f"{x['max_abs_diff']:.1e}",
+                            f"{x['rel_diff']:.1e}",
+                        ]
+                        for s, x in r["sizes"].items()
+                    ],
+                )
+                + "\n"
+            )
     if "attn" in parts:
         res["attn"] = {}
         for dtype in dtypes:
             r = res["attn"][dtype] = common.run_worker(__file__, "attn", {**base, "dtype": dtype})
-            print(f"### attention cores, {r['numerics']}, {r['bucket']}, window slots {r['window_slots']}, "
-                  f"{r['tiles']} tiles; peak {r['peak']:.0f} GFLOP/s\n")
-            print(common.markdown_table(["variant", "ms", "GFLOP/s (computed)", "% peak", "max abs diff vs current"], [
-                [name, f"{x['ms']:.2f}", f"{x['gflops']:.0f}", f"{100 * x['gflops'] / x['peak']:.0f}%",
-                 f"{x['max_abs_diff_vs_current']:.1e}"] for name, x in r["variants"].items()]) + "\n")
+            print(
+                f"### attention cores, {r['numerics']}, {r['bucket']}, window slots {r['window_slots']}, "
+                f"{r['tiles']} tiles; peak {r['peak']:.0f} GFLOP/s\n"
+            )
+            print(
+                common.markdown_table(
+                    ["variant", "ms", "GFLOP/s (computed)", "% peak", "max abs diff vs current"],
+                    [
+                        [
+                            name,
+                            f"{x['ms']:.2f}",
+                            f"{x['gflops']:.0f}",
+                            f"{100 * x['gflops'] / x['peak']:.0f}%",
+                            f"{x['max_abs_diff_vs_current']:.1e}",
+                        ]
+                        for name, x in r["variants"].items()
+                    ],
+                )
+                + "\n"
+            )
     if "flags" in parts:
         res["flags"] = flags_part(args, base, dtypes)
     if "stack" in parts:
         r = res["stack"] = common.run_worker(__file__, "stack", {**base, "layers": 8})
         print(f"### {r['layers']} stacked bf16 SwiGLUs in a fori_loop, weights indexed in place (alternating calls)\n")
-        print(common.markdown_table(["weights stored as", "f32 [L,...] stack converts", "ms", "bitwise equal"], [
-            [name, x["f32_stack_converts"], f"{x['ms']:.0f}", x["bitwise_equal_to_bf16_stack"]]
-            for name, x in r["variants"].items()]) + "\n")
+        print(
+            common.markdown_table(
+                ["weights stored as", "f32 [L,...] stack converts", "ms", "bitwise equal"],
+                [
+                    [name, x["f32_stack_converts"], f"{x['ms']:.0f}", x["bitwise_equal_to_bf16_stack"]]
+                    for name, x in r["variants"].items()
+                ],
+            )
+            + "\n"
+        )
     if "u16" in parts and ckpt.is_dir():
         r = res["u16"] = common.run_worker(__file__, "u16", {**base, "ours": str(ckpt)})
-        print(f"### bf16 forward, encoder program vs uint16 weight stacks (alternating calls): "
-              f"{r['ms']['encoder program']:.0f} ms vs {r['ms']['uint16 stacks']:.0f} ms, bitwise equal "
-              f"{r['bitwise_equal']}; 'f32[32,' in the compiled text: {r['f32_stack_converts']}; "
-              f"load {os.getloadavg()[0]:.2f}\n")
+        print(
+            f"### bf16 forward, encoder program vs uint16 weight stacks (alternating calls): "
+            f"{r['ms']['encoder program']:.0f} ms vs {r['ms']['uint16 stacks']:.0f} ms, bitwise equal "
+            f"{r['bitwise_equal']}; 'f32[32,' in the compiled text: {r['f32_stack_converts']}; "
+            f"load {os.getloadavg()[0]:.2f}\n"
+        )
     if "gap" in parts and ckpt.is_dir():
         res["gap"] = {}
         for dtype in dtypes:
             r = res["gap"][dtype] = common.run_worker(__file__, "gap", {**base, "dtype": dtype, "ours": str(ckpt)})
-            print(f"### forward vs its layers as standalone blocks, {r['numerics']} (alternating calls): "
-                  f"forward {statistics.median(r['forward_s']):.2f} s, 32 blocks "
-                  f"{statistics.median(r['layers_s']):.2f} s, forward / blocks per pair median {r['ratio']:.2f}; "
-                  f"load {os.getloadavg()[0]:.2f}\n")
+            print(
+                f"### forward vs its layers as standalone blocks, {r['numerics']} (alternating calls): "
+                f"forward {statistics.median(r['forward_s']):.2f} s, 32 blocks "
+                f"{statistics.median(r['layers_s']):.2f} s, forward / blocks per pair median {r['ratio']:.2f}; "
+                f"load {os.getloadavg()[0]:.2f}\n"
+            )
     common.write_json(args.out or common.default_out("profile", False), {"bench": "profile", **base, **res})
 
 
-if __name__ == "__main__" and not common.worker_main({
-    "pieces": pieces_worker, "dots": dots_worker, "mlp_pad": mlp_pad_worker, "attn": attn_worker,
-    "flags": flags_worker, "gap": gap_worker, "stack": stack_worker, "u16": u16_forward_worker,
-}):
+if __name__ == "__main__" and not common.worker_main(
+    {
+        "pieces": pieces_worker,
+        "dots": dots_worker,
+        "mlp_pad": mlp_pad_worker,
+        "attn": attn_worker,
+        "flags": flags_worker,
+        "gap": gap_worker,
+        "stack": stack_worker,
+        "u16": u16_forward_worker,
+    }
+):
     main()

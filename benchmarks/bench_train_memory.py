@@ -35,13 +35,17 @@ def main():
     graphdef, state = nnx.split(abstract_model(cfg, numerics_for("float32")))
     pixels = jax.ShapeDtypeStruct((plan.bucket.patches, cfg.patch_dim), jnp.float32)
     weights = jax.ShapeDtypeStruct((plan.bucket.patches // cfg.merge_unit, cfg.out_dim), jnp.float32)
-    print(f"{args.preset}, grid {grid}: bucket {plan.bucket.patches} rows; {jax.devices()[0].platform}, "
-          f"{platform.processor() or platform.machine()}")
+    print(
+        f"{args.preset}, grid {grid}: bucket {plan.bucket.patches} rows; {jax.devices()[0].platform}, "
+        f"{platform.processor() or platform.machine()}"
+    )
     print(f"{'remat':>6} {'temp MiB':>9} {'args MiB':>9} {'out MiB':>8} {'compile s':>10}")
     for remat in (False, True):
+
         def step(state, pixels, weights, remat=remat):
             def loss(state, pixels):
                 return jnp.sum(nnx.merge(graphdef, state)(pixels, plan, remat=remat) * weights)
+
             return jax.grad(loss, argnums=(0, 1))(state, pixels)
 
         t0 = time.perf_counter()
@@ -49,8 +53,10 @@ def main():
         seconds = time.perf_counter() - t0
         m = compiled.memory_analysis()
         mib = 2.0**20
-        print(f"{str(remat):>6} {m.temp_size_in_bytes / mib:>9.1f} {m.argument_size_in_bytes / mib:>9.1f} "
-              f"{m.output_size_in_bytes / mib:>8.1f} {seconds:>10.1f}")
+        print(
+            f"{str(remat):>6} {m.temp_size_in_bytes / mib:>9.1f} {m.argument_size_in_bytes / mib:>9.1f} "
+            f"{m.output_size_in_bytes / mib:>8.1f} {seconds:>10.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,18 +36,23 @@ def torch_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
-def run_worker(script: str, kind: str, payload: dict, *, env: dict | None = None,
-               python: str = sys.executable) -> dict:
+def run_worker(script: str, kind: str, payload: dict, *, env: dict | None = None, python: str = sys.executable) -> dict:
     """Run `python script --worker kind payload` and return the dict its worker printed.
     The worker's stderr (progress, warnings) passes through."""
     t0 = time.perf_counter()
-    proc = subprocess.run([python, script, "--worker", kind, json.dumps(payload)], env=env,
-                          stdout=subprocess.PIPE, text=True, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [python, script, "--worker", kind, json.dumps(payload)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stdout[-4000:])
         raise RuntimeError(f"worker {kind} of {script} failed (exit {proc.returncode})")
-    result = json.loads(lines[-1][len(RESULT_TAG):])
+    result = json.loads(lines[-1][len(RESULT_TAG) :])
     log(f"worker {kind}: done in {time.perf_counter() - t0:.1f} s")
     return result
 
@@ -151,8 +156,18 @@ def machine_info() -> dict:
     }
 
 
-DOT_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_bf16",
-             "amx_tile", "amx_int8"}  # what decides which dot kernels XLA and oneDNN can use
+DOT_FLAGS = {
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_tile",
+    "amx_int8",
+}  # what decides which dot kernels XLA and oneDNN can use
 
 
 def lscpu() -> dict[str, str]:
@@ -168,8 +183,10 @@ def machine_line() -> str:
     """One line for a table's caption: lscpu model, cores, the dot-relevant flags, uptime load."""
     info = machine_info()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (f"CPU: {info['lscpu_model']} ({info['cpu']}), {info['cores']} cores, flags "
-            f"{' '.join(info['cpu_flags']) or '-'}; load average {load}")
+    return (
+        f"CPU: {info['lscpu_model']} ({info['cpu']}), {info['cores']} cores, flags "
+        f"{' '.join(info['cpu_flags']) or '-'}; load average {load}"
+    )
 
 
 def default_out(name: str, quick: bool, ext: str = "json") -> pathlib.Path:
@@ -205,11 +222,19 @@ def model_config(variant: str, quick: bool = False):
     if not quick:
         return cfg
     if cfg.variant in QWEN3_FAMILY:
-        return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
-                                   deepstack_layers=(0,) if cfg.deepstack_layers else ())
+        return dataclasses.replace(
+            cfg,
+            depth=2,
+            width=128,
+            num_heads=4,
+            intermediate_size=256,
+            out_dim=64,
+            deepstack_layers=(0,) if cfg.deepstack_layers else (),
+        )
     if cfg.variant == QWEN2_5_VL:
-        return dataclasses.replace(cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64,
-                                   fullatt_block_indexes=(1,))
+        return dataclasses.replace(
+            cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64, fullatt_block_indexes=(1,)
+        )
     return dataclasses.replace(cfg, depth=2, width=128, num_heads=16, intermediate_size=512, out_dim=64)
 
 
@@ -221,8 +246,9 @@ def checkpoint(script: str, variant: str, quick: bool, seed: int = 0) -> dict[st
     dirs = {"hf": str(root / "hf"), "ours": str(root / "ours")}
     if not root.is_dir():
         log(f"building {root} (HF model, save_pretrained, convert)")
-        run_worker(script, "build", {"variant": variant, "quick": quick, "seed": seed, "root": str(root)},
-                   env=torch_env())
+        run_worker(
+            script, "build", {"variant": variant, "quick": quick, "seed": seed, "root": str(root)}, env=torch_env()
+        )
     return dirs
 
 
@@ -280,8 +306,11 @@ def matmul_peak(payload: dict) -> dict:
         shapes.append((payload["n"],) * 3)
     out = {"backend": jax.default_backend(), "device": str(jax.devices()[0]), "shapes": {}}
     hi, lo = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
-    modes = {"float32": (jnp.float32, hi, jnp.float32), "bf16_f32acc": (jnp.bfloat16, lo, jnp.float32),
-             "bf16_bf16": (jnp.bfloat16, lo, jnp.bfloat16)}
+    modes = {
+        "float32": (jnp.float32, hi, jnp.float32),
+        "bf16_f32acc": (jnp.bfloat16, lo, jnp.float32),
+        "bf16_bf16": (jnp.bfloat16, lo, jnp.bfloat16),
+    }
     for m, k, n in shapes:
         res = out["shapes"][f"{m}x{k}x{n}"] = {}
         for name, (dtype, precision, result) in modes.items():

@@ -126,8 +126,9 @@ class Progress:
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * round(24 * frac) + "." * (24 - round(24 * frac))
-        line = (f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  "
-                f"{elapsed:.0f}s elapsed" + (f", ~{eta:.0f}s left" if self.done < self.total else ""))
+        line = f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  {elapsed:.0f}s elapsed" + (
+            f", ~{eta:.0f}s left" if self.done < self.total else ""
+        )
         self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
         self.stream.flush()
 

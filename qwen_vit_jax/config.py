@@ -78,8 +78,17 @@ class VisionConfig:
 
         if self.variant not in VARIANTS:
             bad(f"variant must be one of {VARIANTS}, got {self.variant!r}")
-        for name in ("depth", "width", "num_heads", "intermediate_size", "out_dim", "patch_size",
-                     "temporal_patch_size", "in_channels", "spatial_merge_size"):
+        for name in (
+            "depth",
+            "width",
+            "num_heads",
+            "intermediate_size",
+            "out_dim",
+            "patch_size",
+            "temporal_patch_size",
+            "in_channels",
+            "spatial_merge_size",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 bad(f"{name} must be a positive int, got {v!r}")
@@ -112,13 +121,17 @@ class VisionConfig:
                 bad(f"deepstack_layers {ds} must be strictly increasing")
             return
         if n_pos or self.deepstack_layers:
-            bad(f"{self.variant} has no learned position table or deepstack mergers "
-                f"(num_position_embeddings / deepstack_layers must be unset)")
+            bad(
+                f"{self.variant} has no learned position table or deepstack mergers "
+                f"(num_position_embeddings / deepstack_layers must be unset)"
+            )
         if self.variant == QWEN2_5_VL:
             unit = self.patch_size * self.spatial_merge_size
             if self.window_size <= 0 or self.window_size % unit:
-                bad(f"window_size {self.window_size} must be a positive multiple of "
-                    f"patch_size * spatial_merge_size = {unit}")
+                bad(
+                    f"window_size {self.window_size} must be a positive multiple of "
+                    f"patch_size * spatial_merge_size = {unit}"
+                )
         elif self.window_size or self.fullatt_block_indexes:
             bad("Qwen2-VL has no window attention (window_size / fullatt_block_indexes must be unset)")
 
@@ -239,8 +252,14 @@ def load_json_object(path_or_dict, filename: str, what: str) -> tuple[dict[str, 
 
 
 # HF model_type -> variant; Qwen3 MoE models share their dense sibling's vision tower.
-_TOP_TYPES = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_5_VL, "qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL,
-              "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5}
+_TOP_TYPES = {
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_5_VL,
+    "qwen3_vl": QWEN3_VL,
+    "qwen3_vl_moe": QWEN3_VL,
+    "qwen3_5": QWEN3_5,
+    "qwen3_5_moe": QWEN3_5,
+}
 
 
 def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
@@ -255,11 +274,14 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
         elif variant in QWEN3_FAMILY or _qwen3_of_type(v.get("model_type", "")):
             inner = _qwen3_of_type(v.get("model_type", ""))
             if inner is not None and inner != variant:
-                raise ValueError(f"model_type {top_type!r} ({variant}) disagrees with vision_config "
-                                 f"model_type {v['model_type']!r} ({inner})")
+                raise ValueError(
+                    f"model_type {top_type!r} ({variant}) disagrees with vision_config "
+                    f"model_type {v['model_type']!r} ({inner})"
+                )
             if inner is None and v.get("model_type"):
-                raise ValueError(f"model_type {top_type!r} ({variant}) disagrees with vision_config "
-                                 f"model_type {v['model_type']!r}")
+                raise ValueError(
+                    f"model_type {top_type!r} ({variant}) disagrees with vision_config model_type {v['model_type']!r}"
+                )
     else:
         v = d
         variant = _variant_of_vision(v)
@@ -375,25 +397,46 @@ def _variant_of_vision(v: dict[str, Any]) -> str:
 
 # ---- presets (vision towers of the released checkpoints) ---------------------------------
 QWEN2_VL_2B = VisionConfig(
-    variant=QWEN2_VL, depth=32, width=1280, num_heads=16, intermediate_size=5120, out_dim=1536,
+    variant=QWEN2_VL,
+    depth=32,
+    width=1280,
+    num_heads=16,
+    intermediate_size=5120,
+    out_dim=1536,
     hidden_act="quick_gelu",
 )
 QWEN2_VL_7B = dataclasses.replace(QWEN2_VL_2B, out_dim=3584)
 QWEN2_5_VL_3B = VisionConfig(
-    variant=QWEN2_5_VL, depth=32, width=1280, num_heads=16, intermediate_size=3420, out_dim=2048,
-    hidden_act="silu", window_size=112, fullatt_block_indexes=(7, 15, 23, 31),
+    variant=QWEN2_5_VL,
+    depth=32,
+    width=1280,
+    num_heads=16,
+    intermediate_size=3420,
+    out_dim=2048,
+    hidden_act="silu",
+    window_size=112,
+    fullatt_block_indexes=(7, 15, 23, 31),
 )
 QWEN2_5_VL_7B = dataclasses.replace(QWEN2_5_VL_3B, out_dim=3584)
 
 # Qwen3-VL / Qwen3.5: HF's defaults are the large tower (depth 27, width 1152); the 2B / 4B
 # Qwen3-VL models use a smaller one. out_dim is the language model's hidden size.
 QWEN3_VL_8B = VisionConfig(
-    variant=QWEN3_VL, depth=27, width=1152, num_heads=16, intermediate_size=4304, out_dim=4096,
-    hidden_act="gelu_pytorch_tanh", patch_size=16, num_position_embeddings=2304, deepstack_layers=(8, 16, 24),
+    variant=QWEN3_VL,
+    depth=27,
+    width=1152,
+    num_heads=16,
+    intermediate_size=4304,
+    out_dim=4096,
+    hidden_act="gelu_pytorch_tanh",
+    patch_size=16,
+    num_position_embeddings=2304,
+    deepstack_layers=(8, 16, 24),
 )
 QWEN3_VL_32B = dataclasses.replace(QWEN3_VL_8B, out_dim=5120)
-QWEN3_VL_4B = dataclasses.replace(QWEN3_VL_8B, depth=24, width=1024, intermediate_size=4096, out_dim=2560,
-                                  deepstack_layers=(5, 11, 17))
+QWEN3_VL_4B = dataclasses.replace(
+    QWEN3_VL_8B, depth=24, width=1024, intermediate_size=4096, out_dim=2560, deepstack_layers=(5, 11, 17)
+)
 QWEN3_VL_2B = dataclasses.replace(QWEN3_VL_4B, out_dim=2048)
 QWEN3_5_27B = dataclasses.replace(QWEN3_VL_8B, variant=QWEN3_5, out_dim=5120, deepstack_layers=())
 QWEN3_5_397B_A17B = dataclasses.replace(QWEN3_5_27B, out_dim=4096)

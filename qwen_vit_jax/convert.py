@@ -53,11 +53,21 @@ class CheckpointError(ValueError):
 # "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the data; offsets are relative
 # to the data start and must tile it exactly (as the reference implementation requires).
 _ST_DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype(bool),
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype(bool),
 }
 _ST_NAMES = {dt: name for name, dt in _ST_DTYPES.items()}
 _PARAM_DTYPES = ("F32", "F16", "BF16", "F64")  # what a parameter may be stored as
@@ -103,28 +113,39 @@ class SafetensorsFile:
         # name -> (safetensors dtype, shape, begin, end)
         self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
-            ok = (isinstance(e, dict) and set(e) == {"dtype", "shape", "data_offsets"}
-                  and isinstance(e["dtype"], str) and isinstance(e["shape"], list)
-                  and all(type(d) is int and d >= 0 for d in e["shape"])
-                  and isinstance(e["data_offsets"], list) and len(e["data_offsets"]) == 2
-                  and all(type(o) is int for o in e["data_offsets"])
-                  and 0 <= e["data_offsets"][0] <= e["data_offsets"][1])
+            ok = (
+                isinstance(e, dict)
+                and set(e) == {"dtype", "shape", "data_offsets"}
+                and isinstance(e["dtype"], str)
+                and isinstance(e["shape"], list)
+                and all(type(d) is int and d >= 0 for d in e["shape"])
+                and isinstance(e["data_offsets"], list)
+                and len(e["data_offsets"]) == 2
+                and all(type(o) is int for o in e["data_offsets"])
+                and 0 <= e["data_offsets"][0] <= e["data_offsets"][1]
+            )
             if not ok:
                 self._bad(f"corrupt header entry {e!r}", name)
             begin, end = e["data_offsets"]
             shape = tuple(e["shape"])
             dt = _ST_DTYPES.get(e["dtype"])  # unknown dtypes only fail when read (e.g. in a text tensor)
             if dt is not None and end - begin != math.prod(shape) * dt.itemsize:
-                self._bad(f"data_offsets [{begin}, {end}) hold {end - begin} bytes, but {e['dtype']} "
-                          f"{list(shape)} needs {math.prod(shape) * dt.itemsize}", name)
+                self._bad(
+                    f"data_offsets [{begin}, {end}) hold {end - begin} bytes, but {e['dtype']} "
+                    f"{list(shape)} needs {math.prod(shape) * dt.itemsize}",
+                    name,
+                )
             self.entries[name] = (e["dtype"], shape, begin, end)
         pos = 0
         for name, (_, _, begin, end) in sorted(self.entries.items(), key=lambda kv: kv[1][2:]):
             if begin != pos:
                 self._bad(f"data starts at byte {begin}, expected {pos} (gap or overlap)", name)
             if end > self.data_len:
-                self._bad(f"data [{begin}, {end}) runs past the end of the file's {self.data_len} data "
-                          "bytes (truncated file?)", name)
+                self._bad(
+                    f"data [{begin}, {end}) runs past the end of the file's {self.data_len} data "
+                    "bytes (truncated file?)",
+                    name,
+                )
             pos = end
         if pos != self.data_len:
             self._bad(f"{self.data_len - pos} bytes after the last tensor")
@@ -158,8 +179,9 @@ def read_safetensors(path: str | os.PathLike, keys: Iterable[str] | None = None)
     return {k: f.get(k) for k in (f.entries if keys is None else keys)}
 
 
-def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
-                      metadata: Mapping[str, str] | None = None) -> None:
+def write_safetensors(
+    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write `tensors` (sorted by name) to a safetensors file at `path`, fsynced."""
     header: dict = {}
     if metadata is not None:
@@ -176,8 +198,7 @@ def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray]
         if a.dtype not in _ST_NAMES:
             raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors equivalent")
         a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
-        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [pos, pos + a.nbytes]}
+        header[name] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [pos, pos + a.nbytes]}
         arrays.append(a)
         pos += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -208,9 +229,17 @@ def _conv(w, cfg):
 
 def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
     """Dimension string -> shape, e.g. "3D D" -> (3 * width, width)."""
-    dims = dict(D=cfg.width, I=cfg.intermediate_size, O=cfg.out_dim, M=cfg.merge_unit * cfg.width,
-                P=cfg.patch_dim, C=cfg.in_channels, T=cfg.temporal_patch_size, p=cfg.patch_size,
-                N=cfg.num_position_embeddings)
+    dims = dict(
+        D=cfg.width,
+        I=cfg.intermediate_size,
+        O=cfg.out_dim,
+        M=cfg.merge_unit * cfg.width,
+        P=cfg.patch_dim,
+        C=cfg.in_channels,
+        T=cfg.temporal_patch_size,
+        p=cfg.patch_size,
+        N=cfg.num_position_embeddings,
+    )
     tokens = (re.fullmatch(r"(\d*)([A-Za-z])", t) for t in spec.split())
     return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
 
@@ -236,7 +265,7 @@ class Rule:
 
     @property
     def stack(self) -> str | None:
-        """"layer" (stacked over blocks), "tap" (stacked over deepstack mergers) or None."""
+        """ "layer" (stacked over blocks), "tap" (stacked over deepstack mergers) or None."""
         return next((g for g in ("layer", "tap") if f"(?P<{g}>" in self.pattern), None)
 
     @property
@@ -308,8 +337,11 @@ RULES: tuple[Rule, ...] = (
 def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
     """Our flat param key -> shape; per-block params lead with L = cfg.depth, deepstack params with
     K = cfg.num_deepstack (a Qwen3-VL config without deepstack layers has none)."""
-    return {r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
-            for r in RULES if cfg.variant in r.variants and not (r.per_block and r.rows(cfg) == 0)}
+    return {
+        r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
+        for r in RULES
+        if cfg.variant in r.variants and not (r.per_block and r.rows(cfg) == 0)
+    }
 
 
 # ---- reading an HF checkpoint -----------------------------------------------------------------
@@ -345,14 +377,18 @@ def vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
     keys = list(keys)
     found = {p: k for p in _PREFIXES for k in keys if k.startswith(p)}
     if len(found) > 1:
-        raise CheckpointError(f"{where}: both 'visual.*' and 'model.visual.*' tensors are present (e.g. "
-                              f"{found['visual.']!r}, {found['model.visual.']!r}): which is the tower?")
+        raise CheckpointError(
+            f"{where}: both 'visual.*' and 'model.visual.*' tensors are present (e.g. "
+            f"{found['visual.']!r}, {found['model.visual.']!r}): which is the tower?"
+        )
     if found:
         return next(iter(found))
     if any(k.startswith(_BARE_ROOTS) for k in keys):
         return ""  # vision-only checkpoint: then every tensor in it must be a vision tensor
-    raise CheckpointError(f"{where}: no vision tensors (keys under 'visual.', 'model.visual.' or bare "
-                          "'patch_embed.' / 'blocks.' / 'merger.')")
+    raise CheckpointError(
+        f"{where}: no vision tensors (keys under 'visual.', 'model.visual.' or bare "
+        "'patch_embed.' / 'blocks.' / 'merger.')"
+    )
 
 
 def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
@@ -374,7 +410,7 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
     matched, unknown = [], []
     for key in sorted(k for k in where if k.startswith(prefix)):
-        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix):]))]
+        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix) :]))]
         rule = hits[0][0] if len(hits) == 1 else None
         layer = int(hits[0][1][rule.stack]) if rule is not None and rule.per_block else None
         if len(hits) != 1:
@@ -385,8 +421,11 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         else:
             matched.append((key, hits[0][0], layer))
     if unknown:
-        raise CheckpointError(f"{hf_dir}: {len(unknown)} vision tensor(s) match no {cfg.variant} parameter: "
-                              + "; ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))
+        raise CheckpointError(
+            f"{hf_dir}: {len(unknown)} vision tensor(s) match no {cfg.variant} parameter: "
+            + "; ".join(unknown[:10])
+            + (" ..." if len(unknown) > 10 else "")
+        )
 
     # Pass 2: open only the files holding vision tensors, check, transform, fill.
     shapes = expected_param_shapes(cfg)
@@ -421,12 +460,18 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             raise CheckpointError(f"{loc}: dtype {w.dtype}, other blocks of {rule.target}: {stack.dtype}")
         stack[layer] = w
 
-    missing = [f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
-               for _, r in rules for i in (range(r.rows(cfg)) if r.per_block else [None])
-               if (r.target, i) not in filled]
+    missing = [
+        f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
+        for _, r in rules
+        for i in (range(r.rows(cfg)) if r.per_block else [None])
+        if (r.target, i) not in filled
+    ]
     if missing:
-        raise CheckpointError(f"{hf_dir}: {len(missing)} {cfg.variant} vision tensor(s) missing: "
-                              + "; ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
+        raise CheckpointError(
+            f"{hf_dir}: {len(missing)} {cfg.variant} vision tensor(s) missing: "
+            + "; ".join(missing[:10])
+            + (" ..." if len(missing) > 10 else "")
+        )
     return cfg, params, prefix
 
 
@@ -481,8 +526,9 @@ def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
     _fsync(out.parent)
 
 
-def convert_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                       dtype: str | None = None, overwrite: bool = False) -> pathlib.Path:
+def convert_checkpoint(
+    hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str | None = None, overwrite: bool = False
+) -> pathlib.Path:
     """Convert an HF checkpoint's vision tower into `out_dir`, atomically.
 
     dtype: None keeps the checkpoint's dtype (bit-exact), "float32" / "bfloat16" cast.
@@ -501,9 +547,13 @@ def convert_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
     if dtype is not None:
         params = {k: v.astype(DTYPES[dtype], copy=False) for k, v in params.items()}
     names = sorted({v.dtype.name for v in params.values()})
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "vision_config": cfg.to_dict(),
-            "source": {"hf_dir": str(hf_dir.resolve()), "keys_prefix": prefix},
-            "dtype": names[0] if len(names) == 1 else "mixed"}
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "vision_config": cfg.to_dict(),
+        "source": {"hf_dir": str(hf_dir.resolve()), "keys_prefix": prefix},
+        "dtype": names[0] if len(names) == 1 else "mixed",
+    }
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -546,10 +596,11 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, 
     except ValueError as e:
         raise CheckpointError(f"{config_path}: not valid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{config_path}: not a {FORMAT} config (no \"format\": \"{FORMAT}\")")
+        raise CheckpointError(f'{config_path}: not a {FORMAT} config (no "format": "{FORMAT}")')
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{config_path}: format_version {meta.get('format_version')!r}, "
-                              f"this code reads {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{config_path}: format_version {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}"
+        )
     try:
         cfg = VisionConfig.from_dict(meta["vision_config"])
     except (KeyError, TypeError, ValueError) as e:
@@ -558,13 +609,20 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, 
     shapes = expected_param_shapes(cfg)
     problems = [f"missing {k}" for k in sorted(set(shapes) - set(params))]
     problems += [f"unexpected {k}" for k in sorted(set(params) - set(shapes))]
-    problems += [f"{k}: shape {params[k].shape}, expected {s}" for k, s in shapes.items()
-                 if k in params and params[k].shape != s]
-    problems += [f"{k}: dtype {v.dtype} is not a float dtype" for k, v in params.items()
-                 if _ST_NAMES.get(v.dtype) not in _PARAM_DTYPES]
+    problems += [
+        f"{k}: shape {params[k].shape}, expected {s}" for k, s in shapes.items() if k in params and params[k].shape != s
+    ]
+    problems += [
+        f"{k}: dtype {v.dtype} is not a float dtype"
+        for k, v in params.items()
+        if _ST_NAMES.get(v.dtype) not in _PARAM_DTYPES
+    ]
     if problems:
-        raise CheckpointError(f"{params_path}: params do not match the {cfg.variant} config: "
-                              + "; ".join(problems[:10]) + (" ..." if len(problems) > 10 else ""))
+        raise CheckpointError(
+            f"{params_path}: params do not match the {cfg.variant} config: "
+            + "; ".join(problems[:10])
+            + (" ..." if len(problems) > 10 else "")
+        )
     return cfg, params, meta
 
 
@@ -594,12 +652,16 @@ def sigterm_as_interrupt():
 
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
-    ap = argparse.ArgumentParser(prog=prog, description="Convert the vision tower of an HF Qwen2-VL / "
-                                 "Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint to qwen_vit_jax params.")
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Convert the vision tower of an HF Qwen2-VL / "
+        "Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint to qwen_vit_jax params.",
+    )
     ap.add_argument("hf_dir", help="HF checkpoint directory (config.json + *.safetensors)")
     ap.add_argument("out_dir", help="output directory (must not exist unless --overwrite)")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default=None,
-                    help="cast the params (default: keep the checkpoint's dtype)")
+    ap.add_argument(
+        "--dtype", choices=tuple(DTYPES), default=None, help="cast the params (default: keep the checkpoint's dtype)"
+    )
     ap.add_argument("--overwrite", action="store_true", help="replace an earlier output in OUT_DIR")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -614,6 +676,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
         print("error: interrupted; nothing written", file=sys.stderr)
         return 130
     n = sum(v.size for v in params.values())
-    print(f"converted {cfg.variant} vision tower (depth {cfg.depth}, width {cfg.width}): {n:,} params in "
-          f"{len(params)} tensors, dtype {meta['dtype']}, {time.perf_counter() - t0:.1f} s -> {out}")
+    print(
+        f"converted {cfg.variant} vision tower (depth {cfg.depth}, width {cfg.width}): {n:,} params in "
+        f"{len(params)} tensors, dtype {meta['dtype']}, {time.perf_counter() - t0:.1f} s -> {out}"
+    )
     return 0

@@ -37,8 +37,7 @@ def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
     per_row = 2 * cfg.patch_dim * d + cfg.depth * (2 * d * 3 * d + 2 * d * d + mlp)
     merge = 2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim
     full_layers = sum(cfg.full_attention_layers)
-    attention = 4 * d * (full_layers * np.square(frames).sum()
-                         + (cfg.depth - full_layers) * np.square(windows).sum())
+    attention = 4 * d * (full_layers * np.square(frames).sum() + (cfg.depth - full_layers) * np.square(windows).sum())
     mergers = 1 + cfg.num_deepstack
     return float(n * per_row + mergers * n / cfg.merge_unit * merge + attention)
 

@@ -31,11 +31,13 @@ from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_res
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
 # run in seconds on two CPU cores.
-TINY = dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128,
-                           fullatt_block_indexes=(1, 3))
+TINY = dataclasses.replace(
+    QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128, fullatt_block_indexes=(1, 3)
+)
 # The same size of Qwen3-VL tower: the real 48 x 48 position table, deepstack taps on blocks 1 and 2.
-TINY_QWEN3_VL = dataclasses.replace(QWEN3_VL_8B, depth=4, width=128, num_heads=4, intermediate_size=256,
-                                    out_dim=128, deepstack_layers=(1, 2))
+TINY_QWEN3_VL = dataclasses.replace(
+    QWEN3_VL_8B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128, deepstack_layers=(1, 2)
+)
 # --variant -> {--size -> tower}; "full" is the variant's released tower ("3b": Qwen2.5-VL's, kept
 # as the name it had before there were other variants).
 VARIANTS = {
@@ -100,8 +102,9 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
     return tensors
 
 
-def write_random_hf_checkpoint(cfg: VisionConfig, path: str | os.PathLike, seed: int = 0,
-                               dtype: str = "float32") -> pathlib.Path:
+def write_random_hf_checkpoint(
+    cfg: VisionConfig, path: str | os.PathLike, seed: int = 0, dtype: str = "float32"
+) -> pathlib.Path:
     """Write an HF-layout checkpoint directory with a random vision tower, atomically.
 
     Files: config.json (transformers 5.x layout, a minimal text_config), model.safetensors (only
@@ -142,10 +145,11 @@ def sample_images() -> dict[str, Image.Image]:
     im = Image.fromarray(np.broadcast_to(sky, (h, w, 3)).astype(np.uint8))
     d = ImageDraw.Draw(im)
     d.ellipse((330, 40, 390, 100), fill=(255, 210, 60))
-    d.polygon([(0, 230), (90, 120), (170, 200), (260, 100), (370, 210), (448, 150), (448, 336), (0, 336)],
-              fill=(110, 110, 140))
-    d.polygon([(0, 260), (120, 190), (240, 250), (340, 200), (448, 250), (448, 336), (0, 336)],
-              fill=(80, 140, 70))
+    d.polygon(
+        [(0, 230), (90, 120), (170, 200), (260, 100), (370, 210), (448, 150), (448, 336), (0, 336)],
+        fill=(110, 110, 140),
+    )
+    d.polygon([(0, 260), (120, 190), (240, 250), (340, 200), (448, 250), (448, 336), (0, 336)], fill=(80, 140, 70))
     d.rectangle((0, 290, 448, 336), fill=(150, 180, 80))
     d.rectangle((60, 230, 150, 300), fill=(200, 80, 60))
     d.polygon([(50, 232), (105, 190), (160, 232)], fill=(120, 50, 40))
@@ -211,8 +215,9 @@ def pca_rgb(embeddings: np.ndarray, grid_hw: tuple[int, int]) -> np.ndarray:
     return (255 * rgb).round().astype(np.uint8).reshape(h, w, 3)
 
 
-def pca_picture(image, embeddings: np.ndarray, grid_hw: tuple[int, int],
-                path: str | os.PathLike | None = None) -> Image.Image:
+def pca_picture(
+    image, embeddings: np.ndarray, grid_hw: tuple[int, int], path: str | os.PathLike | None = None
+) -> Image.Image:
     """The input image next to the PCA map of its embeddings (see `pca_rgb`), same height.
 
     Args:
@@ -266,8 +271,9 @@ def demo_config(variant: str = "qwen2.5-vl", size: str = "tiny") -> VisionConfig
     return VARIANTS[variant][size]
 
 
-def prepare_checkpoint(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
-                       log=print, variant: str = "qwen2.5-vl") -> pathlib.Path:
+def prepare_checkpoint(
+    size: str = "tiny", cache_dir: str | os.PathLike | None = None, log=print, variant: str = "qwen2.5-vl"
+) -> pathlib.Path:
     """The converted random checkpoint of `variant` / `size`, built on first use under
     `cache_dir`/demo-<size> (Qwen2.5-VL) or demo-<variant>-<size>: hf/ (HF layout, written by
     `write_random_hf_checkpoint`) and converted/ (`convert_checkpoint`). A cached directory whose
@@ -293,16 +299,23 @@ def prepare_checkpoint(size: str = "tiny", cache_dir: str | os.PathLike | None =
     t0 = time.perf_counter()
     write_random_hf_checkpoint(cfg, hf_dir, dtype=DEMO_DTYPE[size])
     size_mb = (hf_dir / "model.safetensors").stat().st_size / 1e6
-    log(f"checkpoint: wrote a random {cfg.variant} tower in HF layout ({size_mb:,.1f} MB, "
-        f"{DEMO_DTYPE[size]}) in {time.perf_counter() - t0:.1f} s -> {hf_dir}")
+    log(
+        f"checkpoint: wrote a random {cfg.variant} tower in HF layout ({size_mb:,.1f} MB, "
+        f"{DEMO_DTYPE[size]}) in {time.perf_counter() - t0:.1f} s -> {hf_dir}"
+    )
     t0 = time.perf_counter()
     convert_checkpoint(hf_dir, ours)
     log(f"checkpoint: converted in {time.perf_counter() - t0:.1f} s -> {ours}")
     return ours
 
 
-def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
-             out: str | os.PathLike = "qwen_vit_jax_demo.png", log=print, variant: str = "qwen2.5-vl") -> pathlib.Path:
+def run_demo(
+    size: str = "tiny",
+    cache_dir: str | os.PathLike | None = None,
+    out: str | os.PathLike = "qwen_vit_jax_demo.png",
+    log=print,
+    variant: str = "qwen2.5-vl",
+) -> pathlib.Path:
     """Build (or reuse) the random checkpoint, encode the sample images twice, save the PCA picture.
 
     Args:
@@ -325,8 +338,10 @@ def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
     # recurring grids a tight bucket of their own on the second call: VisionEncoder's tight_after).
     enc = VisionEncoder.from_pretrained(ckpt, dtype=DEMO_DTYPE[size], tight_after=None)
     cfg = enc.cfg
-    log(f"encoder: {cfg.variant}, depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}, "
-        f"{enc.dtype}, on {enc.device.platform} (loaded in {time.perf_counter() - t0:.1f} s)")
+    log(
+        f"encoder: {cfg.variant}, depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}, "
+        f"{enc.dtype}, on {enc.device.platform} (loaded in {time.perf_counter() - t0:.1f} s)"
+    )
 
     images = sample_images()
     m = cfg.spatial_merge_size
@@ -342,17 +357,22 @@ def run_demo(size: str = "tiny", cache_dir: str | os.PathLike | None = None,
     for (name, im), emb in zip(images.items(), embs):
         hh, ww = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
         grids.append((hh // p.patch_size, ww // p.patch_size))
-        log(f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "
-            f"-> embeddings {emb.shape}")
+        log(
+            f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "
+            f"-> embeddings {emb.shape}"
+        )
     n_patches = sum(h * w for h, w in grids)
     rows = ", ".join(str(b.patches) for b in enc.compile_seconds)
-    log(f"first call:  {t_first:7.3f} s  ({enc.compile_count} program(s) compiled in "
-        f"{sum(enc.compile_seconds.values()):.2f} s; {n_patches} patches padded to bucket(s) of {rows} rows)")
-    log(f"second call: {t_second:7.3f} s  ({n_patches / t_second:,.0f} patches/s; compile count still "
-        f"{enc.compile_count}: same bucket, no recompilation)")
+    log(
+        f"first call:  {t_first:7.3f} s  ({enc.compile_count} program(s) compiled in "
+        f"{sum(enc.compile_seconds.values()):.2f} s; {n_patches} patches padded to bucket(s) of {rows} rows)"
+    )
+    log(
+        f"second call: {t_second:7.3f} s  ({n_patches / t_second:,.0f} patches/s; compile count still "
+        f"{enc.compile_count}: same bucket, no recompilation)"
+    )
 
-    pictures = [pca_picture(im, emb, (h // m, w // m))
-                for im, emb, (h, w) in zip(images.values(), embs, grids)]
+    pictures = [pca_picture(im, emb, (h // m, w // m)) for im, emb, (h, w) in zip(images.values(), embs, grids)]
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _stack(pictures).save(out, format="PNG")

@@ -61,7 +61,7 @@ class Step:
         for d, runs in enumerate(self.runs):
             at = 0
             for start, n in runs.tolist():
-                out[d, at:at + n] = pixel_values[start:start + n]
+                out[d, at : at + n] = pixel_values[start : start + n]
                 at += n
         return out
 
@@ -104,9 +104,12 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
         plans = [planlib.make_plan(_sub_grid(f, frame_h, frame_w), cfg, floor) for f in bins]
         buckets = [p.bucket for p in plans]
         assert all(bk.patches == n_pad and bk.block == buckets[0].block for bk in buckets), buckets
-        bucket = dataclasses.replace(buckets[0], windows=max(bk.windows for bk in buckets),
-                                     key_blocks=max(bk.key_blocks for bk in buckets),
-                                     tiles=max(bk.tiles for bk in buckets))
+        bucket = dataclasses.replace(
+            buckets[0],
+            windows=max(bk.windows for bk in buckets),
+            key_blocks=max(bk.key_blocks for bk in buckets),
+            tiles=max(bk.tiles for bk in buckets),
+        )
         stacked = stack_plans([pad_plan(p, bucket) for p in plans])
         # gather: device d's k-th frame sits at merged row d * N_pad / mu + (its shard offset) / mu
         where = np.empty(b - a, np.int64)  # [frames of the round] first merged row in the result
@@ -117,8 +120,9 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
         tokens = size[a:b] // mu
         first = np.repeat(where - np.concatenate([[0], np.cumsum(tokens)[:-1]]), tokens)
         gather = first + np.arange(int(tokens.sum()))  # [round tokens]
-        steps.append(Step(plan=stacked, runs=tuple(_runs(f, start, size) for f in bins), gather=gather,
-                          rows=tuple(rows)))
+        steps.append(
+            Step(plan=stacked, runs=tuple(_runs(f, start, size) for f in bins), gather=gather, rows=tuple(rows))
+        )
     return steps
 
 
@@ -197,7 +201,8 @@ def pad_plan(plan: planlib.Plan, bucket: planlib.Bucket) -> planlib.Plan:
     """
     own = plan.bucket
     if (own.patches, own.block, own.window_rows) != (bucket.patches, bucket.block, bucket.window_rows) or (
-            own.windows > bucket.windows or own.tiles > bucket.tiles or own.key_blocks > bucket.key_blocks):
+        own.windows > bucket.windows or own.tiles > bucket.tiles or own.key_blocks > bucket.key_blocks
+    ):
         raise ValueError(f"cannot pad a plan of {own} to {bucket}")
     if own == bucket:
         return plan
@@ -207,11 +212,16 @@ def pad_plan(plan: planlib.Plan, bucket: planlib.Bucket) -> planlib.Plan:
         return np.concatenate([a, np.full((n, *a.shape[1:]), fill, a.dtype)])
 
     return dataclasses.replace(
-        plan, bucket=bucket,
-        window_tokens=grow(plan.window_tokens, extra_w, -1), window_ids=grow(plan.window_ids, extra_w, -1),
-        tile_block=grow(plan.tile_block, extra_t, 0), tile_first_frame=grow(plan.tile_first_frame, extra_t, 0),
+        plan,
+        bucket=bucket,
+        window_tokens=grow(plan.window_tokens, extra_w, -1),
+        window_ids=grow(plan.window_ids, extra_w, -1),
+        tile_block=grow(plan.tile_block, extra_t, 0),
+        tile_first_frame=grow(plan.tile_first_frame, extra_t, 0),
         tile_last_frame=grow(plan.tile_last_frame, extra_t, -1),
-        tile_key_start=grow(plan.tile_key_start, extra_t, 0), tile_key_count=grow(plan.tile_key_count, extra_t, 0))
+        tile_key_start=grow(plan.tile_key_start, extra_t, 0),
+        tile_key_count=grow(plan.tile_key_count, extra_t, 0),
+    )
 
 
 def stack_plans(plans: list[planlib.Plan]) -> planlib.Plan:

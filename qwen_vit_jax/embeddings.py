@@ -63,15 +63,19 @@ class Embeddings:
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Image i's tokens: [offsets[i+1] - offsets[i], D]."""
-        return self.embeddings[self.offsets[i]:self.offsets[i + 1]]
+        return self.embeddings[self.offsets[i] : self.offsets[i + 1]]
 
     @classmethod
     def concatenate(cls, parts: list[Embeddings], metadata: dict) -> Embeddings:
         """`parts` one after another (offsets rebuilt), with `metadata`."""
         lengths = np.concatenate([np.diff(p.offsets) for p in parts])  # [k] tokens per image
-        return cls(np.concatenate([p.embeddings for p in parts]), np.concatenate([p.grid_thw for p in parts]),
-                   np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                   [n for p in parts for n in p.names], metadata)
+        return cls(
+            np.concatenate([p.embeddings for p in parts]),
+            np.concatenate([p.grid_thw for p in parts]),
+            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            [n for p in parts for n in p.names],
+            metadata,
+        )
 
 
 def check_suffix(path: str | os.PathLike) -> str:
@@ -119,14 +123,18 @@ def read_embeddings(path: str | os.PathLike) -> Embeddings:
     for name, images, tokens in shards:
         e = _read_file(path.with_name(name))
         if (len(e), len(e.embeddings)) != (images, tokens):
-            raise EmbeddingsError(f"{path.with_name(name)}: holds {len(e)} images / {len(e.embeddings)} tokens, "
-                                  f"the index {index.name} says {images} / {tokens} (a shard rewritten later?)")
+            raise EmbeddingsError(
+                f"{path.with_name(name)}: holds {len(e)} images / {len(e.embeddings)} tokens, "
+                f"the index {index.name} says {images} / {tokens} (a shard rewritten later?)"
+            )
         parts.append(e)
     for p, (name, _, _) in zip(parts[1:], shards[1:]):
         for key in ("checkpoint", "dtype", "preprocess"):
             if p.metadata.get(key) != parts[0].metadata.get(key):
-                raise EmbeddingsError(f"{name} was written with {key} {p.metadata.get(key)!r}, {shards[0][0]} with "
-                                      f"{parts[0].metadata.get(key)!r}: not one set")
+                raise EmbeddingsError(
+                    f"{name} was written with {key} {p.metadata.get(key)!r}, {shards[0][0]} with "
+                    f"{parts[0].metadata.get(key)!r}: not one set"
+                )
     return Embeddings.concatenate(parts, dict(parts[0].metadata, shards=len(parts)))
 
 
@@ -152,12 +160,21 @@ def _read_file(path: pathlib.Path) -> Embeddings:
     except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
         raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
     k = len(e.names)
-    ok = (meta.get("format") == FORMAT and meta.get("version") == VERSION
-          and e.embeddings.ndim == 2 and e.grid_thw.shape == (k, 3) and e.offsets.shape == (k + 1,)
-          and e.offsets[0] == 0 and e.offsets[-1] == len(e.embeddings) and np.all(np.diff(e.offsets) >= 0))
+    ok = (
+        meta.get("format") == FORMAT
+        and meta.get("version") == VERSION
+        and e.embeddings.ndim == 2
+        and e.grid_thw.shape == (k, 3)
+        and e.offsets.shape == (k + 1,)
+        and e.offsets[0] == 0
+        and e.offsets[-1] == len(e.embeddings)
+        and np.all(np.diff(e.offsets) >= 0)
+    )
     if not ok:
-        raise EmbeddingsError(f"{path}: not a version-{VERSION} embeddings file written by `qwen-vit-jax encode`, "
-                              "or its arrays are inconsistent")
+        raise EmbeddingsError(
+            f"{path}: not a version-{VERSION} embeddings file written by `qwen-vit-jax encode`, "
+            "or its arrays are inconsistent"
+        )
     return e
 
 
@@ -167,8 +184,11 @@ def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
 
     path = pathlib.Path(path)
     suffix = check_suffix(path)
-    arrays = {"embeddings": np.asarray(e.embeddings, np.float32),
-              "grid_thw": np.asarray(e.grid_thw, np.int64), "offsets": np.asarray(e.offsets, np.int64)}
+    arrays = {
+        "embeddings": np.asarray(e.embeddings, np.float32),
+        "grid_thw": np.asarray(e.grid_thw, np.int64),
+        "offsets": np.asarray(e.offsets, np.int64),
+    }
 
     def write(tmp: str, fd: int) -> None:
         if suffix == ".npz":
@@ -193,8 +213,13 @@ def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:
     for i in range(count):
         images, tokens = _counts(shard_path(path, i, count))
         shards.append({"file": shard_path(path, i, count).name, "images": images, "tokens": tokens})
-    doc = {"format": INDEX_FORMAT, "version": VERSION, "images": sum(s["images"] for s in shards),
-           "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    doc = {
+        "format": INDEX_FORMAT,
+        "version": VERSION,
+        "images": sum(s["images"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "shards": shards,
+    }
 
     def write(tmp: str, fd: int) -> None:
         with os.fdopen(fd, "w") as f:
@@ -232,8 +257,9 @@ def _counts(path: pathlib.Path) -> tuple[int, int]:
     from qwen_vit_jax.convert import SafetensorsFile
 
     if not path.is_file():
-        raise FileNotFoundError(f"shard not found: {path} (on several hosts, OUT must be on a file system "
-                                "all of them share)")
+        raise FileNotFoundError(
+            f"shard not found: {path} (on several hosts, OUT must be on a file system all of them share)"
+        )
     try:
         if check_suffix(path) == ".npz":
             with np.load(path, allow_pickle=False) as z:

@@ -188,8 +188,10 @@ class VisionEncoder:
         self._count(grid_thw)
         if not return_deepstack:
             return tokens
-        features = [np.concatenate([p.unpad(np.asarray(o[1][k])) for p, o in zip(plans, outs)])
-                    for k in range(self.cfg.num_deepstack)]
+        features = [
+            np.concatenate([p.unpad(np.asarray(o[1][k])) for p, o in zip(plans, outs)])
+            for k in range(self.cfg.num_deepstack)
+        ]
         return tokens, features
 
     def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool, return_deepstack: bool):
@@ -388,8 +390,10 @@ def _check_devices(devices) -> list[jax.Device]:
         raise ValueError(f"devices= holds a device twice: {devices}")
     me = jax.process_index()
     if foreign := [d for d in devices if d.process_index != me]:
-        raise ValueError(f"devices= holds devices of other processes {foreign}; an encoder runs on this "
-                         f"process's devices (jax.local_devices()); split the inputs across processes")
+        raise ValueError(
+            f"devices= holds devices of other processes {foreign}; an encoder runs on this "
+            f"process's devices (jax.local_devices()); split the inputs across processes"
+        )
     if len({d.platform for d in devices}) > 1:
         raise ValueError(f"devices= mixes platforms: {devices}")
     return devices
@@ -420,6 +424,8 @@ def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
     image = int(np.searchsorted(ends, row, side="right"))
     first = row - (int(ends[image - 1]) if image else 0)
     value = pixel_values[row][~np.isfinite(pixel_values[row])][0]
-    raise ValueError(f"pixel_values holds non-finite values: image {image} (grid_thw row {image} = "
-                     f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
-                     f"{int(bad.sum())} bad row(s) in all")
+    raise ValueError(
+        f"pixel_values holds non-finite values: image {image} (grid_thw row {image} = "
+        f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
+        f"{int(bad.sum())} bad row(s) in all"
+    )

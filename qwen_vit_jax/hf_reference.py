@@ -36,8 +36,11 @@ class Tolerance:
 
     def passes(self, m: dict[str, float]) -> bool:
         """Whether the measures of `compare` meet this bar."""
-        return (m["rel"] <= self.rel and (self.max_abs is None or m["max_rel"] <= self.max_abs)
-                and (self.min_cos is None or m["min_cos"] >= self.min_cos))
+        return (
+            m["rel"] <= self.rel
+            and (self.max_abs is None or m["max_rel"] <= self.max_abs)
+            and (self.min_cos is None or m["min_cos"] >= self.min_cos)
+        )
 
     def describe(self) -> str:
         parts = [f"rel err <= {self.rel:g}"]
@@ -64,27 +67,46 @@ def compare(ours, ref) -> dict[str, float]:
     norms = np.linalg.norm(ours, axis=-1) * np.linalg.norm(ref, axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):  # a zero row: cos 1 if equal, else 0
         cos = np.where(norms > 0, (ours * ref).sum(-1) / norms, np.abs(diff).max(-1) == 0)
-    return {"max_abs": float(np.abs(diff).max()), "max_rel": float(np.abs(diff).max() / np.abs(ref).max()),
-            "rel": float(np.linalg.norm(diff) / np.linalg.norm(ref)), "min_cos": float(cos.min())}
+    return {
+        "max_abs": float(np.abs(diff).max()),
+        "max_rel": float(np.abs(diff).max() / np.abs(ref).max()),
+        "rel": float(np.linalg.norm(diff) / np.linalg.norm(ref)),
+        "min_cos": float(cos.min()),
+    }
 
 
 # ---- HF's config layout (no torch) ---------------------------------------------------------------
 # A minimal text model: HF's VL config classes need one, and with it HF's from_pretrained can
 # build the full VL model from a checkpoint directory (its text weights then start random).
 TEXT_CONFIG = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "vocab_size": 128, "bos_token_id": 1, "eos_token_id": 2,
-    "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 128,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
 }
 # Qwen3 text configs default head_dim to 128: pin it to hidden / heads so mrope_section (8) fits.
 TEXT_CONFIG_QWEN3 = dict(TEXT_CONFIG, head_dim=16)
 # Qwen3.5's text model is hybrid (Gated DeltaNet + attention): one full-attention layer keeps it tiny.
-TEXT_CONFIG_QWEN3_5 = dict(TEXT_CONFIG_QWEN3, layer_types=["full_attention"], linear_num_key_heads=1,
-                           linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8)
-_ARCHITECTURES = {QWEN2_5_VL: ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
-                  QWEN3_VL: ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
-                  QWEN3_5: ("qwen3_5", "Qwen3_5ForConditionalGeneration")}
+TEXT_CONFIG_QWEN3_5 = dict(
+    TEXT_CONFIG_QWEN3,
+    layer_types=["full_attention"],
+    linear_num_key_heads=1,
+    linear_num_value_heads=1,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+)
+_ARCHITECTURES = {
+    QWEN2_5_VL: ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    QWEN3_VL: ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+    QWEN3_5: ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+}
 _QWEN2_VL_ARCH = ("qwen2_vl", "Qwen2VLForConditionalGeneration")
 
 
@@ -97,25 +119,41 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
     """`cfg` as the `vision_config` dict of its HF variant (the naming trap: config.py)."""
     top, _ = _ARCHITECTURES.get(cfg.variant, _QWEN2_VL_ARCH)
     common = {
-        "model_type": f"{top}_vision", "depth": cfg.depth, "num_heads": cfg.num_heads,
-        "hidden_act": cfg.hidden_act, "patch_size": cfg.patch_size,
-        "temporal_patch_size": cfg.temporal_patch_size, "in_channels": cfg.in_channels,
+        "model_type": f"{top}_vision",
+        "depth": cfg.depth,
+        "num_heads": cfg.num_heads,
+        "hidden_act": cfg.hidden_act,
+        "patch_size": cfg.patch_size,
+        "temporal_patch_size": cfg.temporal_patch_size,
+        "in_channels": cfg.in_channels,
         "spatial_merge_size": cfg.spatial_merge_size,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
     }
     if cfg.variant in QWEN3_FAMILY:
-        vision = dict(common, hidden_size=cfg.width, out_hidden_size=cfg.out_dim,
-                      intermediate_size=cfg.intermediate_size, num_position_embeddings=cfg.num_position_embeddings)
+        vision = dict(
+            common,
+            hidden_size=cfg.width,
+            out_hidden_size=cfg.out_dim,
+            intermediate_size=cfg.intermediate_size,
+            num_position_embeddings=cfg.num_position_embeddings,
+        )
         if cfg.variant == QWEN3_VL:
             vision["deepstack_visual_indexes"] = list(cfg.deepstack_layers)
         return vision
     if cfg.variant == QWEN2_5_VL:
-        return dict(common, hidden_size=cfg.width, out_hidden_size=cfg.out_dim,
-                    intermediate_size=cfg.intermediate_size, window_size=cfg.window_size,
-                    fullatt_block_indexes=list(cfg.fullatt_block_indexes))
+        return dict(
+            common,
+            hidden_size=cfg.width,
+            out_hidden_size=cfg.out_dim,
+            intermediate_size=cfg.intermediate_size,
+            window_size=cfg.window_size,
+            fullatt_block_indexes=list(cfg.fullatt_block_indexes),
+        )
     if cfg.intermediate_size % cfg.width:
-        raise ValueError(f"Qwen2-VL stores the MLP width as embed_dim * mlp_ratio: intermediate_size "
-                         f"{cfg.intermediate_size} is not a multiple of width {cfg.width}")
+        raise ValueError(
+            f"Qwen2-VL stores the MLP width as embed_dim * mlp_ratio: intermediate_size "
+            f"{cfg.intermediate_size} is not a multiple of width {cfg.width}"
+        )
     return dict(common, embed_dim=cfg.width, hidden_size=cfg.out_dim, mlp_ratio=cfg.intermediate_size // cfg.width)
 
 
@@ -124,11 +162,15 @@ def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
     `text_config(cfg)` as its text model)."""
     top, arch = _ARCHITECTURES.get(cfg.variant, _QWEN2_VL_ARCH)
     return {
-        "architectures": [arch], "model_type": top, "dtype": dtype,
+        "architectures": [arch],
+        "model_type": top,
+        "dtype": dtype,
         "text_config": dict(text_config(cfg), model_type=f"{top}_text"),
         "vision_config": hf_vision_config(cfg),
-        "image_token_id": 151655, "video_token_id": 151656,
-        "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
     }
 
 
@@ -146,12 +188,20 @@ def _hf_classes(variant: str):
     if variant == QWEN2_5_VL:
         from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
-        return (hf.Qwen2_5_VLConfig, hf.Qwen2_5_VLVisionConfig, hf.Qwen2_5_VisionTransformerPretrainedModel,
-                hf.Qwen2_5_VLForConditionalGeneration)
+        return (
+            hf.Qwen2_5_VLConfig,
+            hf.Qwen2_5_VLVisionConfig,
+            hf.Qwen2_5_VisionTransformerPretrainedModel,
+            hf.Qwen2_5_VLForConditionalGeneration,
+        )
     from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
 
-    return (hf.Qwen2VLConfig, hf.Qwen2VLVisionConfig, hf.Qwen2VisionTransformerPretrainedModel,
-            hf.Qwen2VLForConditionalGeneration)
+    return (
+        hf.Qwen2VLConfig,
+        hf.Qwen2VLVisionConfig,
+        hf.Qwen2VisionTransformerPretrainedModel,
+        hf.Qwen2VLForConditionalGeneration,
+    )
 
 
 def reinit_(module, seed: int) -> None:
@@ -194,8 +244,10 @@ def hf_visual(model, pixel_values, grid_thw) -> np.ndarray:
 
     visual = model.model.visual if hasattr(model, "model") else model
     with torch.no_grad():
-        out = visual(torch.from_numpy(np.asarray(pixel_values, np.float32)),
-                     grid_thw=torch.from_numpy(np.asarray(grid_thw, np.int64)))
+        out = visual(
+            torch.from_numpy(np.asarray(pixel_values, np.float32)),
+            grid_thw=torch.from_numpy(np.asarray(grid_thw, np.int64)),
+        )
     return getattr(out, "pooler_output", out).float().numpy()  # transformers 4.x returns the tensor
 
 
@@ -222,6 +274,6 @@ def load_hf_vision_tower(hf_dir: str | pathlib.Path):
     for path in sorted({p for k, p in where.items() if k.startswith(prefix)}):
         with safe_open(path, framework="pt") as f:
             names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (safe_open: no __iter__)
-            state.update({k[len(prefix):]: f.get_tensor(k) for k in names})
+            state.update({k[len(prefix) :]: f.get_tensor(k) for k in names})
     model.load_state_dict(state, strict=True)
     return model

@@ -151,7 +151,7 @@ class PosEmbed(nnx.Module):
         table = self.table[...].astype(jnp.float32)  # [side * side, D]
         pos = table[index[:, 0]] * weight[:, 0:1]  # [N, D]
         for k in range(1, 4):
-            pos = pos + table[index[:, k]] * weight[:, k:k + 1]
+            pos = pos + table[index[:, k]] * weight[:, k : k + 1]
         return pos
 
 
@@ -270,7 +270,12 @@ class VisionTransformer(nnx.Module):
         self.deepstack = make_deepstack(rngs) if cfg.num_deepstack else None
 
     def __call__(
-        self, pixels: jax.Array, plan: Plan, *, hidden_states: bool = False, deepstack: bool = False,
+        self,
+        pixels: jax.Array,
+        plan: Plan,
+        *,
+        hidden_states: bool = False,
+        deepstack: bool = False,
         remat: bool = False,
     ) -> jax.Array | tuple:
         """Args:
@@ -411,8 +416,9 @@ def load_model(path: str | os.PathLike, dtype: str = "float32", device: jax.Devi
     return model_from_params(cfg, params, num, device)
 
 
-def model_from_params(cfg: VisionConfig, params: dict[str, np.ndarray], num: Numerics = Numerics(),
-                      device: jax.Device | None = None) -> VisionTransformer:
+def model_from_params(
+    cfg: VisionConfig, params: dict[str, np.ndarray], num: Numerics = Numerics(), device: jax.Device | None = None
+) -> VisionTransformer:
     """A model holding `params` (flat keys as written by the converter, e.g. "blocks.attn.qkv.kernel"),
     every parameter filled exactly once, shapes checked. Matrices take the operand dtype; norm
     scales and biases stay float32."""
@@ -426,9 +432,10 @@ def as_bits(state: nnx.State) -> nnx.State:
     stacked bf16 array to a float32 copy at the start of each forward (627M values for the 3B
     tower, measured 18% of its bf16 forward; benchmarks/bench_profile.py `stack`, `u16`); bits
     are only sliced. Not differentiable: train on the bf16 state itself."""
+
     def bits(path, a):
-        return (jax.lax.bitcast_convert_type(a, jnp.uint16)
-                if path[0].key == "blocks" and a.dtype == jnp.bfloat16 else a)
+        return jax.lax.bitcast_convert_type(a, jnp.uint16) if path[0].key == "blocks" and a.dtype == jnp.bfloat16 else a
+
     return jax.tree_util.tree_map_with_path(bits, state)
 
 

@@ -26,8 +26,9 @@ class Cluster:
     count: int = 1
 
 
-def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None,
-               auto: bool = False) -> Cluster:
+def initialize(
+    coordinator: str | None, num_processes: int | None, process_id: int | None, auto: bool = False
+) -> Cluster:
     """Start jax.distributed from the CLI's flags, or not at all.
 
     Either all three of coordinator ("HOST:PORT" of process 0), num_processes and process_id, or
@@ -36,14 +37,18 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
     """
     given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
     if auto and any(v is not None for v in given.values()):
-        raise ValueError("--distributed detects the cluster itself: drop --coordinator, --num-processes "
-                         "and --process-id, or drop --distributed")
+        raise ValueError(
+            "--distributed detects the cluster itself: drop --coordinator, --num-processes "
+            "and --process-id, or drop --distributed"
+        )
     if not auto and all(v is None for v in given.values()):
         return Cluster()
     if not auto:
         if missing := [k for k, v in given.items() if v is None]:
-            raise ValueError(f"several processes need --coordinator, --num-processes and --process-id "
-                             f"together; missing {', '.join(missing)}")
+            raise ValueError(
+                f"several processes need --coordinator, --num-processes and --process-id "
+                f"together; missing {', '.join(missing)}"
+            )
         host, _, port = coordinator.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"--coordinator must be HOST:PORT (process 0's address), got {coordinator!r}")
@@ -57,9 +62,11 @@ def initialize(coordinator: str | None, num_processes: int | None, process_id: i
         try:
             jax.distributed.initialize(initialization_timeout=INIT_TIMEOUT_S)
         except ValueError as e:  # no cluster environment found
-            raise ValueError(f"--distributed: jax.distributed.initialize() found no cluster (SLURM, Open MPI, "
-                             f"Cloud TPU, Kubernetes) here ({e}); pass --coordinator, --num-processes and "
-                             "--process-id instead") from None
+            raise ValueError(
+                f"--distributed: jax.distributed.initialize() found no cluster (SLURM, Open MPI, "
+                f"Cloud TPU, Kubernetes) here ({e}); pass --coordinator, --num-processes and "
+                "--process-id instead"
+            ) from None
     else:  # a coordinator that never answers makes JAX abort the process after INIT_TIMEOUT_S
         jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=INIT_TIMEOUT_S)
     return Cluster(index=jax.process_index(), count=jax.process_count())

@@ -140,8 +140,10 @@ class PreprocessConfig:
         if size is not None:
             if not isinstance(size, dict):
                 raise ValueError(f"{where}: 'size' must be an object, got {size!r}")
-            for ours, names in (("min_pixels", ("shortest_edge", "min_pixels")),
-                                ("max_pixels", ("longest_edge", "max_pixels"))):
+            for ours, names in (
+                ("min_pixels", ("shortest_edge", "min_pixels")),
+                ("max_pixels", ("longest_edge", "max_pixels")),
+            ):
                 for n in names:
                     if size.get(n) is not None:
                         kw[ours] = size[n]
@@ -157,12 +159,14 @@ class PreprocessConfig:
 # The hub's Qwen3-VL preprocessor_config.json (Qwen3.5 ships the same image settings):
 # {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16,
 #  "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-QWEN3_VL_PREPROCESS = PreprocessConfig(min_pixels=65536, max_pixels=16777216, patch_size=16,
-                                       image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
+QWEN3_VL_PREPROCESS = PreprocessConfig(
+    min_pixels=65536, max_pixels=16777216, patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5)
+)
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                 max_pixels: int = 28 * 28 * 1280) -> tuple[int, int]:
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+) -> tuple[int, int]:
     """Target (height, width): multiples of `factor`, area within [min_pixels, max_pixels] where
     possible, aspect ratio kept as well as rounding allows. Same arithmetic as HF's (Python `round`
     is half-to-even there too), so the same sizes.
@@ -204,9 +208,11 @@ def _array_to_uint8(a: np.ndarray, what: str) -> np.ndarray:
     if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
         raise TypeError(f"{what}: unsupported array dtype {a.dtype} (expected uint8)")
     if a.size and (not np.all(np.isfinite(a)) or a.min() < 0 or a.max() > 255 or np.any(a != np.round(a))):
-        raise ValueError(f"{what}: {a.dtype} array must hold whole numbers in [0, 255] "
-                         f"(got range [{a.min()}, {a.max()}]); float images in [0, 1] must be "
-                         "converted to uint8 first, e.g. (x * 255).round().astype(np.uint8)")
+        raise ValueError(
+            f"{what}: {a.dtype} array must hold whole numbers in [0, 255] "
+            f"(got range [{a.min()}, {a.max()}]); float images in [0, 1] must be "
+            "converted to uint8 first, e.g. (x * 255).round().astype(np.uint8)"
+        )
     return a.astype(np.uint8)
 
 
@@ -221,14 +227,12 @@ def _to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
     if a.ndim == 2:
         a = a[:, :, None]
     if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
-        raise ValueError(f"{what}: expected a channels-last HxW, HxWx1, HxWx3 or HxWx4 image, "
-                         f"got shape {a.shape}")
+        raise ValueError(f"{what}: expected a channels-last HxW, HxWx1, HxWx3 or HxWx4 image, got shape {a.shape}")
     if a.shape[0] == 0 or a.shape[1] == 0:
         raise ValueError(f"{what}: empty image of shape {a.shape}")
     if a.shape[2] != 3:
         if not cfg.do_convert_rgb:
-            raise ValueError(f"{what}: {a.shape[2]}-channel image with do_convert_rgb=False "
-                             "(need 3 channels)")
+            raise ValueError(f"{what}: {a.shape[2]}-channel image with do_convert_rgb=False (need 3 channels)")
         if a.shape[2] == 1:
             a = np.repeat(a, 3, axis=2)
         else:  # RGBA array: HF blends onto white in float64 and rounds half-to-even
@@ -277,7 +281,7 @@ def _patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     # in row chunks so the float64 temporaries stay in cache (2x faster than whole-array passes);
     # an image (t = 1) is broadcast over T on the write
     for i in range(0, len(x), _CHUNK):
-        out[i:i + _CHUNK] = _rescale_normalize(x[i:i + _CHUNK], cfg)
+        out[i : i + _CHUNK] = _rescale_normalize(x[i : i + _CHUNK], cfg)
     return out.reshape(gt * gh * gw, C * T * p * p)
 
 
@@ -290,8 +294,9 @@ def _resolve(config: PreprocessConfig | None, min_pixels, max_pixels) -> Preproc
 
 
 # ---- public entry points -----------------------------------------------------------------------------
-def preprocess_images(images, min_pixels: int | None = None, max_pixels: int | None = None, *,
-                      config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_images(
+    images, min_pixels: int | None = None, max_pixels: int | None = None, *, config: PreprocessConfig | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Images -> vision-tower input, as HF's Qwen2VLImageProcessorPil.
 
     Args:
@@ -321,8 +326,9 @@ def preprocess_images(images, min_pixels: int | None = None, max_pixels: int | N
     return pixel_values, np.asarray(grids, dtype=np.int64)
 
 
-def preprocess_video(frames, min_pixels: int | None = None, max_pixels: int | None = None, *,
-                     config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_video(
+    frames, min_pixels: int | None = None, max_pixels: int | None = None, *, config: PreprocessConfig | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """One video -> vision-tower input: the image pipeline per frame + HF's video patch layout.
 
     Args:
@@ -339,17 +345,16 @@ def preprocess_video(frames, min_pixels: int | None = None, max_pixels: int | No
     cfg = _resolve(config, min_pixels, max_pixels)
     if isinstance(frames, np.ndarray):
         if frames.ndim != 4:
-            raise ValueError(f"a video array must be [F, H, W, C], got shape {frames.shape}; "
-                             "pass a list for a list of frames")
+            raise ValueError(
+                f"a video array must be [F, H, W, C], got shape {frames.shape}; pass a list for a list of frames"
+            )
     elif isinstance(frames, Image.Image) or not isinstance(frames, (list, tuple)):
-        raise TypeError(f"frames must be a list of frames or an [F, H, W, C] array, "
-                        f"got {type(frames).__name__}")
+        raise TypeError(f"frames must be a list of frames or an [F, H, W, C] array, got {type(frames).__name__}")
     if len(frames) == 0:
         raise ValueError("video has no frames")
     hwc = [_to_hwc3(f, cfg, f"frame {i}") for i, f in enumerate(frames)]
     if len({a.shape for a in hwc}) != 1:
-        raise ValueError(f"all frames of a video must have one size, "
-                         f"got {sorted({a.shape[:2] for a in hwc})}")
+        raise ValueError(f"all frames of a video must have one size, got {sorted({a.shape[:2] for a in hwc})}")
     h, w = hwc[0].shape[:2]
     size = smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels) if cfg.do_resize else None
     video = np.stack([_resize(a, cfg, size) for a in hwc])

@@ -17,8 +17,11 @@ import tempfile
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="qwen_vit_jax_test_jax_cache_")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-    os.environ.update(JAX_COMPILATION_CACHE_DIR=_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    os.environ.update(
+        JAX_COMPILATION_CACHE_DIR=_cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 import numpy as np
 import pytest
@@ -50,7 +53,7 @@ def make_image(height: int, width: int, seed: int = 0) -> Image.Image:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     a = np.stack([x / width, y / height, (x + y) / (width + height)], -1) * rng.uniform(100, 255, 3)
-    a[height // 3:, : width // 2] = rng.integers(0, 256, 3)
+    a[height // 3 :, : width // 2] = rng.integers(0, 256, 3)
     return Image.fromarray(a.astype(np.uint8))
 
 
@@ -60,8 +63,9 @@ def restore_compilation_cache():
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
-    saved = {k: getattr(jax.config, k) for k in
-             ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    saved = {
+        k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    }
     yield
     for k, v in saved.items():
         jax.config.update(k, v)

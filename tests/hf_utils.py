@@ -33,8 +33,9 @@ def assert_fp32_close(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """The float32 bar (hf_reference.FLOAT32); returns (rel, max abs / max|ref|)."""
     assert np.isfinite(ours).all()
     m = compare(ours, ref)
-    assert FLOAT32.passes(m), f"rel {m['rel']:.3g}, max abs {m['max_abs']:.3g} (/max|ref| {m['max_rel']:.3g}); " \
-                              f"bar: {FLOAT32.describe()}"
+    assert FLOAT32.passes(m), (
+        f"rel {m['rel']:.3g}, max abs {m['max_abs']:.3g} (/max|ref| {m['max_rel']:.3g}); bar: {FLOAT32.describe()}"
+    )
     return m["rel"], m["max_rel"]
 
 

@@ -28,9 +28,18 @@ def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=
     tiles = np.zeros((5, n // block), np.int32) if tiles is None else tiles
     tokens = np.zeros((0, 0), np.int32) if tokens is None else tokens
     bucket = planlib.Bucket(n, tokens.shape[0], key_blocks, block, tiles.shape[1], tokens.shape[1])
-    return planlib.Plan(bucket, np.zeros((n, 2), np.int32), seg, tokens, tokens if ids is None else ids,
-                        np.zeros(n, np.int32) if slot is None else slot, *tiles, np.array([0, n, n], np.int32),
-                        np.zeros((0, 4), np.int32), np.zeros((0, 4), np.float32))
+    return planlib.Plan(
+        bucket,
+        np.zeros((n, 2), np.int32),
+        seg,
+        tokens,
+        tokens if ids is None else ids,
+        np.zeros(n, np.int32) if slot is None else slot,
+        *tiles,
+        np.array([0, n, n], np.int32),
+        np.zeros((0, 4), np.int32),
+        np.zeros((0, 4), np.float32),
+    )
 
 
 def tile_table(lengths, n, block, key_blocks, spare):
@@ -93,7 +102,7 @@ def test_window_attention_matches_dense(seed):
     pos = 0
     for w, size in enumerate(sizes):
         s = next(i for i in range(num_slots) if fill[i] + size <= slots)  # first fit
-        rows = order[pos:pos + size]
+        rows = order[pos : pos + size]
         entries = fill[s] + np.arange(size)
         tokens[s, entries], ids[s, entries] = rows, w
         slot[rows] = s * slots + entries

@@ -32,15 +32,19 @@ def _pixels(n, dtype=np.float32):
 
 
 # ---- grids ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("grid, needle", [
-    ([[1, 4, 4], [0, 4, 4]], r"row 1 = \[0, 4, 4\]: t must be positive, got 0"),  # zero
-    ([[1, -4, 4]], r"row 0 = \[1, -4, 4\]: h must be positive, got -4"),  # negative
-    ([[1, 4, 5]], r"row 0 = \[1, 4, 5\].*multiples of spatial_merge_size 2 \(odd"),  # odd
-    (np.array([[1.0, 4.0, 4.0]]), "must hold integers, got dtype float64"),  # float
-    ([1, 4, 4], r"shape \[k, 3\].*got shape \(3,\)"),  # wrong ndim
-    ([[[1, 4, 4]]], r"shape \[k, 3\].*got shape \(1, 1, 3\)"),  # wrong ndim
-    ([[1 << 12, 1 << 9, 1 << 10]], f"describes {1 << 31} patches, more than {1 << 30}"),  # too large
-], ids=["zero", "negative", "odd", "float", "ndim1", "ndim3", "too_large"])
+@pytest.mark.parametrize(
+    "grid, needle",
+    [
+        ([[1, 4, 4], [0, 4, 4]], r"row 1 = \[0, 4, 4\]: t must be positive, got 0"),  # zero
+        ([[1, -4, 4]], r"row 0 = \[1, -4, 4\]: h must be positive, got -4"),  # negative
+        ([[1, 4, 5]], r"row 0 = \[1, 4, 5\].*multiples of spatial_merge_size 2 \(odd"),  # odd
+        (np.array([[1.0, 4.0, 4.0]]), "must hold integers, got dtype float64"),  # float
+        ([1, 4, 4], r"shape \[k, 3\].*got shape \(3,\)"),  # wrong ndim
+        ([[[1, 4, 4]]], r"shape \[k, 3\].*got shape \(1, 1, 3\)"),  # wrong ndim
+        ([[1 << 12, 1 << 9, 1 << 10]], f"describes {1 << 31} patches, more than {1 << 30}"),  # too large
+    ],
+    ids=["zero", "negative", "odd", "float", "ndim1", "ndim3", "too_large"],
+)
 def test_bad_grid(tiny_encoder, grid, needle):
     with pytest.raises(ValueError, match=needle):
         tiny_encoder.encode(_pixels(16), grid)
@@ -53,13 +57,17 @@ def test_grid_not_a_multiple_of_the_merge_size():
 
 
 # ---- pixel_values ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("pixels, needle", [
-    (_pixels(15), r"has 15 rows but grid_thw implies sum\(t\*h\*w\) = 16"),  # row count
-    (_pixels(16)[:, :1000], "rows have 1000 values, expected 1176"),  # row width
-    (_pixels(16).astype(np.complex64), "must be numeric, got dtype complex64"),  # dtype
-    (_pixels(16) > 0, "must be numeric, got dtype bool"),  # dtype
-    (_pixels(16).reshape(16, 2, 588), r"must be 2-D \[N, 1176\], got shape \(16, 2, 588\)"),  # ndim
-], ids=["rows", "width", "complex", "bool", "ndim"])
+@pytest.mark.parametrize(
+    "pixels, needle",
+    [
+        (_pixels(15), r"has 15 rows but grid_thw implies sum\(t\*h\*w\) = 16"),  # row count
+        (_pixels(16)[:, :1000], "rows have 1000 values, expected 1176"),  # row width
+        (_pixels(16).astype(np.complex64), "must be numeric, got dtype complex64"),  # dtype
+        (_pixels(16) > 0, "must be numeric, got dtype bool"),  # dtype
+        (_pixels(16).reshape(16, 2, 588), r"must be 2-D \[N, 1176\], got shape \(16, 2, 588\)"),  # ndim
+    ],
+    ids=["rows", "width", "complex", "bool", "ndim"],
+)
 def test_bad_pixel_values(tiny_encoder, pixels, needle):
     with pytest.raises(ValueError, match=needle):
         tiny_encoder.encode(pixels, [[1, 4, 4]])
@@ -90,8 +98,9 @@ def test_missing_field_takes_hf_default_and_the_weights_then_disagree(tiny_dirs,
     del config["vision_config"]["intermediate_size"]  # tiny: 256; transformers' default: 3420
     (hf / "config.json").write_text(json.dumps(config))
     assert VisionConfig.from_hf(hf / "config.json").intermediate_size == 3420
-    with pytest.raises(CheckpointError,
-                       match=r"visual\.blocks\.\d+\.mlp\.\w+\.weight.: shape \(\d+, \d+\), expected .*3420"):
+    with pytest.raises(
+        CheckpointError, match=r"visual\.blocks\.\d+\.mlp\.\w+\.weight.: shape \(\d+, \d+\), expected .*3420"
+    ):
         convert_checkpoint(hf, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -104,8 +113,11 @@ def test_head_count_not_dividing_width():
 
 
 def test_window_not_a_multiple_of_the_merged_patch():
-    with pytest.raises(ValueError, match=r"window_size 100 must be a positive multiple of patch_size \* "
-                                         r"spatial_merge_size = 28"):
+    with pytest.raises(
+        ValueError,
+        match=r"window_size 100 must be a positive multiple of patch_size \* "
+        r"spatial_merge_size = 28",
+    ):
         VisionConfig.from_hf({"model_type": "qwen2_5_vl", "vision_config": {"window_size": 100}})
 
 
@@ -136,8 +148,10 @@ def test_index_naming_a_path_outside_the_directory(tiny_dirs, tmp_path, shard):
 
 
 def test_index_with_a_duplicated_tensor(tiny_dirs, tmp_path):
-    raw = ('{"weight_map": {"visual.merger.ln_q.weight": "shard-1.safetensors", '
-           '"visual.merger.ln_q.weight": "shard-1.safetensors"}}')
+    raw = (
+        '{"weight_map": {"visual.merger.ln_q.weight": "shard-1.safetensors", '
+        '"visual.merger.ln_q.weight": "shard-1.safetensors"}}'
+    )
     d = _sharded(tiny_dirs, tmp_path, raw=raw)
     with pytest.raises(CheckpointError, match="duplicate key 'visual.merger.ln_q.weight'"):
         read_hf_vision_params(d)

@@ -26,14 +26,22 @@ COMMANDS = ("convert", "encode", "verify", "bench", "demo")
 
 # The command line in a fresh interpreter where `import torch` / `import transformers` fail, as on
 # a machine without them: the runtime (convert, encode, demo) must never need them.
-WITHOUT_TORCH = ("import sys; sys.modules.update(torch=None, transformers=None); "
-                 "from qwen_vit_jax.cli import main; sys.exit(main(sys.argv[1:]))")
+WITHOUT_TORCH = (
+    "import sys; sys.modules.update(torch=None, transformers=None); "
+    "from qwen_vit_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def run(*args, env=None, timeout=300):
     """`qwen-vit-jax ARGS` in a subprocess without torch -> CompletedProcess (text)."""
-    return subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *map(str, args)], check=False,
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, *map(str, args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def main(capsys, *args) -> tuple[int, str, str]:
@@ -167,8 +175,7 @@ def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_p
 
     rc, _, err = main(capsys, "encode", ckpt, image_dir / "a.png", "-o", out)
     assert_clean_error(rc, err, "exists", "--resume")
-    rc, _, err = main(capsys, "encode", ckpt, image_dir / "a.png", "-o", out, "--resume",
-                      "--dtype", "bfloat16")
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "a.png", "-o", out, "--resume", "--dtype", "bfloat16")
     assert_clean_error(rc, err, "dtype")
     rc, _, err = main(capsys, "encode", ckpt, tmp_path / "nope.png", "-o", tmp_path / "x.npz")
     assert_clean_error(rc, err, "input not found", "nope.png")
@@ -246,10 +253,27 @@ def run_processes(n: int, *args, timeout: float = 150) -> list[tuple[int, str]]:
 
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH, *map(str, args), "--coordinator",
-                               f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(n)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                WITHOUT_TORCH,
+                *map(str, args),
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                str(n),
+                "--process-id",
+                str(i),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(n)
+    ]
     end, results = time.monotonic() + timeout, []
     try:
         for p in procs:
@@ -305,8 +329,20 @@ def test_encode_two_processes_equals_one(capsys, tiny_dirs, image_dir, tmp_path)
 def test_encode_process_flags(capsys, tiny_dirs, image_dir, tmp_path):
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--num-processes", "2")
     assert_clean_error(rc, err, "missing --coordinator, --process-id")
-    rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--coordinator",
-                      "h:1", "--num-processes", "2", "--process-id", "5")
+    rc, _, err = main(
+        capsys,
+        "encode",
+        tiny_dirs[1],
+        image_dir,
+        "-o",
+        tmp_path / "e.npz",
+        "--coordinator",
+        "h:1",
+        "--num-processes",
+        "2",
+        "--process-id",
+        "5",
+    )
     assert_clean_error(rc, err, "--process-id must be in 0 .. 1")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "KUBERNETES_", "TPU_"))}
     p = run("encode", tiny_dirs[1], image_dir, "-o", tmp_path / "e.npz", "--distributed", env=env, timeout=120)
@@ -387,15 +423,17 @@ def test_random_checkpoint_matches_transformers_layout(hf_saved, tiny_dirs):
     assert ours == theirs
     config = AutoConfig.from_pretrained(tiny_dirs[0])
     assert config.model_type == "qwen2_5_vl"
-    assert config.vision_config.to_dict() | {"transformers_version": None} == \
-        model.config.vision_config.to_dict() | {"transformers_version": None}
+    assert config.vision_config.to_dict() | {"transformers_version": None} == model.config.vision_config.to_dict() | {
+        "transformers_version": None
+    }
 
 
 # ---- bench / demo -----------------------------------------------------------------------------------
 def test_bench(capsys, tiny_dirs, tmp_path, restore_compilation_cache):
     cache = tmp_path / "xla"
-    rc, out, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "8x8,2x4x6", "--repeats", "2",
-                        "--compile-cache", cache)
+    rc, out, err = main(
+        capsys, "bench", tiny_dirs[1], "--sizes", "8x8,2x4x6", "--repeats", "2", "--compile-cache", cache
+    )
     assert rc == 0, err
     rows = out.splitlines()[2:]
     assert [r.split()[:2] for r in rows] == [["8x8", "64"], ["2x4x6", "48"]]

@@ -27,8 +27,9 @@ from qwen_vit_jax.plan import make_plan, rotary_ids
 
 # Qwen2.5-VL: block 0 window attention, block 1 full; windows of 4 x 4 merge units (window_size 112).
 CFGS = {
-    "qwen2.5-vl": dataclasses.replace(QWEN2_5_VL_3B, depth=2, width=64, num_heads=4, intermediate_size=128,
-                                      out_dim=48, fullatt_block_indexes=(1,)),
+    "qwen2.5-vl": dataclasses.replace(
+        QWEN2_5_VL_3B, depth=2, width=64, num_heads=4, intermediate_size=128, out_dim=48, fullatt_block_indexes=(1,)
+    ),
     "qwen2-vl": dataclasses.replace(QWEN2_VL_2B, depth=1, width=64, num_heads=4, intermediate_size=256, out_dim=48),
 }
 GRID = [[1, 12, 20], [2, 10, 8]]  # edge windows, two frames of a video: segments matter
@@ -157,8 +158,9 @@ def test_window_attention_block(pair):
     if not cfg.windowed:
         pytest.skip("Qwen2-VL has no window attention")
     assert not cfg.full_attention_layers[0]
-    order, cu_windows = hf_index.get_vision_window_index(torch.tensor(GRID), cfg.spatial_merge_size,
-                                                         cfg.window_size, cfg.patch_size)
+    order, cu_windows = hf_index.get_vision_window_index(
+        torch.tensor(GRID), cfg.spatial_merge_size, cfg.window_size, cfg.patch_size
+    )
     assert len(cu_windows) > 3  # several windows, edge windows among them
     x = rows(cfg, 4)
     ref = hf_block(pair, 0, x, cu_windows, order)

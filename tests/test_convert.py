@@ -35,30 +35,70 @@ from qwen_vit_jax.convert import (  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VARIANTS = ("qwen2_5_vl", "qwen2_vl")
-TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, vocab_size=128, bos_token_id=0, eos_token_id=1,
-            rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+TEXT = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=128,
+    bos_token_id=0,
+    eos_token_id=1,
+    rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+)
 VISION = {
-    "qwen2_5_vl": dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=48,
-                       fullatt_block_indexes=[1]),
+    "qwen2_5_vl": dict(
+        depth=2, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=48, fullatt_block_indexes=[1]
+    ),
     "qwen2_vl": dict(depth=2, embed_dim=64, num_heads=4, hidden_size=48),
 }
 # What users download from the hub (written by transformers 4.4x): text fields at the top level, no
 # vision model_type, in_chans / spatial_patch_size, and Qwen2-VL without hidden_act.
 HUB_CONFIG = {
-    "qwen2_5_vl": {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
-                   "hidden_size": 32, "num_hidden_layers": 1, "vocab_size": 128, "torch_dtype": "bfloat16",
-                   "vision_config": {"depth": 2, "hidden_act": "silu", "hidden_size": 64,
-                                     "intermediate_size": 96, "num_heads": 4, "in_chans": 3,
-                                     "out_hidden_size": 48, "patch_size": 14, "spatial_merge_size": 2,
-                                     "spatial_patch_size": 14, "window_size": 112,
-                                     "fullatt_block_indexes": [1], "tokens_per_second": 2,
-                                     "temporal_patch_size": 2}},
-    "qwen2_vl": {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
-                 "hidden_size": 32, "num_hidden_layers": 1, "vocab_size": 128, "torch_dtype": "bfloat16",
-                 "vision_config": {"depth": 2, "embed_dim": 64, "mlp_ratio": 4, "num_heads": 4, "in_chans": 3,
-                                   "hidden_size": 48, "patch_size": 14, "spatial_merge_size": 2,
-                                   "spatial_patch_size": 14, "temporal_patch_size": 2}},
+    "qwen2_5_vl": {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "vocab_size": 128,
+        "torch_dtype": "bfloat16",
+        "vision_config": {
+            "depth": 2,
+            "hidden_act": "silu",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_heads": 4,
+            "in_chans": 3,
+            "out_hidden_size": 48,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+            "tokens_per_second": 2,
+            "temporal_patch_size": 2,
+        },
+    },
+    "qwen2_vl": {
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": "qwen2_vl",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "vocab_size": 128,
+        "torch_dtype": "bfloat16",
+        "vision_config": {
+            "depth": 2,
+            "embed_dim": 64,
+            "mlp_ratio": 4,
+            "num_heads": 4,
+            "in_chans": 3,
+            "hidden_size": 48,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "temporal_patch_size": 2,
+        },
+    },
 }
 
 
@@ -88,16 +128,20 @@ def ckpts(tmp_path_factory):
         # HF tensors as saved (in memory transformers 5.x names them model.visual.*; on disk visual.*),
         # read by safetensors' own torch loader; bf16 as raw bits
         sd32 = {k: v.numpy() for k, v in torch_load_file(root / "f32" / "model.safetensors").items()}
-        sd16 = {k: v.view(torch.int16).numpy().view(np.uint16)
-                for k, v in torch_load_file(root / "bf16" / "model.safetensors").items()}
-        out[variant] = types.SimpleNamespace(model=model, f32=root / "f32", sharded=root / "sharded",
-                                             bf16=root / "bf16", sd32=sd32, sd16_bits=sd16)
+        sd16 = {
+            k: v.view(torch.int16).numpy().view(np.uint16)
+            for k, v in torch_load_file(root / "bf16" / "model.safetensors").items()
+        }
+        out[variant] = types.SimpleNamespace(
+            model=model, f32=root / "f32", sharded=root / "sharded", bf16=root / "bf16", sd32=sd32, sd16_bits=sd16
+        )
     (out["qwen2_5_vl"].f32 / "preprocessor_config.json").write_text('{"max_pixels": 12845056}\n')
     return out
 
 
 def expected_ours(sd: dict, variant: str, depth: int = 2, width: int = 64, prefix: str = "visual.") -> dict:
     """Our params written out key by key from HF tensors (torch Linear [out, in] -> kernel [in, out])."""
+
     def g(k):
         return sd[prefix + k]
 
@@ -189,8 +233,9 @@ def test_kernels_compute_what_torch_computes(ckpts, variant):
         ref_patch = vis.patch_embed(rows).numpy()
         ref_qkv = vis.blocks[1].attn.qkv(x).numpy()
     np.testing.assert_allclose(rows.numpy() @ p["patch_embed.kernel"], ref_patch, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(x.numpy() @ p["blocks.attn.qkv.kernel"][1] + p["blocks.attn.qkv.bias"][1],
-                               ref_qkv, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        x.numpy() @ p["blocks.attn.qkv.kernel"][1] + p["blocks.attn.qkv.bias"][1], ref_qkv, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_expected_shapes_of_released_towers():
@@ -249,9 +294,16 @@ def test_prefixes_and_config_layouts(ckpts, tmp_path, variant):
     ref_cfg = VisionConfig.from_hf(c.f32)
 
     # transformers 4.5x layout: model.visual.* next to model.language_model.*, hub-style config
-    renamed = {("model." + k if k.startswith("visual.") else
-                k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
-               for k, v in sd.items()}
+    renamed = {
+        (
+            "model." + k
+            if k.startswith("visual.")
+            else k.replace("model.", "model.language_model.", 1)
+            if k.startswith("model.")
+            else k
+        ): v
+        for k, v in sd.items()
+    }
     d = _write_ckpt(tmp_path / "model_visual", renamed, HUB_CONFIG[variant])
     cfg, params = read_hf_vision_params(d)
     assert cfg == ref_cfg
@@ -361,18 +413,21 @@ def _raw_safetensors(path, header, data=b"", length=None):
     return path
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("truncated_data", "'z.last': data [0, 16) runs past the end"),
-    ("truncated_header", "does not fit"),
-    ("tiny_file", "too short"),
-    ("corrupt_json", "corrupt header"),
-    ("huge_header_length", "header length"),
-    ("size_mismatch", "'x': data_offsets [0, 8) hold 8 bytes, but F32 [3] needs 12"),
-    ("overlap", "gap or overlap"),
-    ("trailing_bytes", "4 bytes after the last tensor"),
-    ("duplicate_name", "duplicate key 'x'"),
-    ("bad_entry", "'x': corrupt header entry"),
-])
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("truncated_data", "'z.last': data [0, 16) runs past the end"),
+        ("truncated_header", "does not fit"),
+        ("tiny_file", "too short"),
+        ("corrupt_json", "corrupt header"),
+        ("huge_header_length", "header length"),
+        ("size_mismatch", "'x': data_offsets [0, 8) hold 8 bytes, but F32 [3] needs 12"),
+        ("overlap", "gap or overlap"),
+        ("trailing_bytes", "4 bytes after the last tensor"),
+        ("duplicate_name", "duplicate key 'x'"),
+        ("bad_entry", "'x': corrupt header entry"),
+    ],
+)
 def test_reader_rejects_bad_files(tmp_path, case, needle):
     p = tmp_path / "bad.safetensors"
     x = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
@@ -404,9 +459,14 @@ def test_reader_rejects_bad_files(tmp_path, case, needle):
 
 
 def test_reader_unknown_dtype_fails_only_when_read(tmp_path):
-    p = _raw_safetensors(tmp_path / "u.safetensors", {
-        "text.fp4": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]},
-        "x": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0\0" + np.float32(2).tobytes())
+    p = _raw_safetensors(
+        tmp_path / "u.safetensors",
+        {
+            "text.fp4": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]},
+            "x": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]},
+        },
+        b"\0\0" + np.float32(2).tobytes(),
+    )
     assert read_safetensors(p, ["x"])["x"].tolist() == [2.0]
     with pytest.raises(CheckpointError, match="'text.fp4': unsupported dtype 'F4'"):
         read_safetensors(p)
@@ -454,22 +514,28 @@ def _set(key, value):
 
 ROW = np.zeros(64, np.float32)
 TENSOR_CASES = {
-    "missing": (_del("visual.blocks.1.norm2.weight"),
-                ["visual.blocks.1.norm2.weight (-> blocks.norm2.scale[1])"]),
+    "missing": (_del("visual.blocks.1.norm2.weight"), ["visual.blocks.1.norm2.weight (-> blocks.norm2.scale[1])"]),
     "missing_merger": (_del("visual.merger.mlp.2.bias"), ["visual.merger.mlp.2.bias (-> merger.fc2.bias)"]),
     "unknown": (_set("visual.blocks.0.attn.extra.weight", ROW), ["'visual.blocks.0.attn.extra.weight' in"]),
     "other_variant": (_set("visual.blocks.0.mlp.fc1.weight", ROW), ["'visual.blocks.0.mlp.fc1.weight'"]),
     "leading_zero": (_set("visual.blocks.01.norm1.weight", ROW), ["'visual.blocks.01.norm1.weight'"]),
-    "block_out_of_range": (_set("visual.blocks.2.norm1.weight", ROW),
-                           ["'visual.blocks.2.norm1.weight'", "block 2 >= depth 2"]),
-    "wrong_shape": (_set("visual.blocks.0.attn.qkv.weight", np.zeros((191, 64), np.float32)),
-                    ["'visual.blocks.0.attn.qkv.weight'", "(191, 64)", "(192, 64)"]),
-    "wrong_conv_shape": (_set("visual.patch_embed.proj.weight", np.zeros((64, 3, 2, 16, 16), np.float32)),
-                         ["'visual.patch_embed.proj.weight'", "(64, 3, 2, 14, 14)"]),
-    "mixed_block_dtypes": (_set("visual.blocks.1.norm1.weight", np.ones(64, np.float16)),
-                           ["'visual.blocks.1.norm1.weight'", "float16"]),
-    "int_param": (_set("visual.merger.mlp.2.bias", np.zeros(48, np.int32)),
-                  ["'visual.merger.mlp.2.bias'", "I32"]),
+    "block_out_of_range": (
+        _set("visual.blocks.2.norm1.weight", ROW),
+        ["'visual.blocks.2.norm1.weight'", "block 2 >= depth 2"],
+    ),
+    "wrong_shape": (
+        _set("visual.blocks.0.attn.qkv.weight", np.zeros((191, 64), np.float32)),
+        ["'visual.blocks.0.attn.qkv.weight'", "(191, 64)", "(192, 64)"],
+    ),
+    "wrong_conv_shape": (
+        _set("visual.patch_embed.proj.weight", np.zeros((64, 3, 2, 16, 16), np.float32)),
+        ["'visual.patch_embed.proj.weight'", "(64, 3, 2, 14, 14)"],
+    ),
+    "mixed_block_dtypes": (
+        _set("visual.blocks.1.norm1.weight", np.ones(64, np.float16)),
+        ["'visual.blocks.1.norm1.weight'", "float16"],
+    ),
+    "int_param": (_set("visual.merger.mlp.2.bias", np.zeros(48, np.int32)), ["'visual.merger.mlp.2.bias'", "I32"]),
 }
 
 
@@ -477,8 +543,13 @@ TENSOR_CASES = {
 def test_bad_tensors(make_ckpt, tmp_path, case):
     edit, needles = TENSOR_CASES[case]
     d = make_ckpt(edit)
-    _expect_failure(d, tmp_path / "parent", CheckpointError, "model.safetensors" if case not in (
-        "missing", "missing_merger") else str(d), *needles)
+    _expect_failure(
+        d,
+        tmp_path / "parent",
+        CheckpointError,
+        "model.safetensors" if case not in ("missing", "missing_merger") else str(d),
+        *needles,
+    )
 
 
 def test_a_param_filled_twice_is_an_error(make_ckpt, tmp_path, monkeypatch):
@@ -498,7 +569,7 @@ def test_bad_files(make_ckpt, tmp_path, case):
         needles = ["model.safetensors", "'visual.patch_embed.proj.weight'", "truncated"]
     else:
         n = int.from_bytes(raw[:8], "little")
-        f.write_bytes(raw[:8] + b"{" + b"#" * (n - 1) + raw[8 + n:])
+        f.write_bytes(raw[:8] + b"{" + b"#" * (n - 1) + raw[8 + n :])
         needles = ["model.safetensors", "corrupt header"]
     _expect_failure(d, tmp_path / "parent", CheckpointError, *needles)
 
@@ -564,17 +635,20 @@ def test_failure_while_writing_leaves_nothing(ckpts, tmp_path, monkeypatch):
 
 
 # ---- load_converted -----------------------------------------------------------------------------
-@pytest.mark.parametrize("case, exc, needle", [
-    ("drop_param", CheckpointError, "missing merger.fc2.bias"),
-    ("extra_param", CheckpointError, "unexpected blocks.attn.extra"),
-    ("wrong_shape", CheckpointError, "blocks.attn.qkv.kernel: shape (2, 64, 191)"),
-    ("int_param", CheckpointError, "merger.fc2.bias: dtype int32"),
-    ("format", CheckpointError, "not a qwen_vit_jax config"),
-    ("version", CheckpointError, "format_version 2"),
-    ("vision_config", CheckpointError, "bad vision_config"),
-    ("no_params", FileNotFoundError, "params.safetensors"),
-    ("no_dir", FileNotFoundError, "gone"),
-])
+@pytest.mark.parametrize(
+    "case, exc, needle",
+    [
+        ("drop_param", CheckpointError, "missing merger.fc2.bias"),
+        ("extra_param", CheckpointError, "unexpected blocks.attn.extra"),
+        ("wrong_shape", CheckpointError, "blocks.attn.qkv.kernel: shape (2, 64, 191)"),
+        ("int_param", CheckpointError, "merger.fc2.bias: dtype int32"),
+        ("format", CheckpointError, "not a qwen_vit_jax config"),
+        ("version", CheckpointError, "format_version 2"),
+        ("vision_config", CheckpointError, "bad vision_config"),
+        ("no_params", FileNotFoundError, "params.safetensors"),
+        ("no_dir", FileNotFoundError, "gone"),
+    ],
+)
 def test_load_converted_rejects_tampering(ckpts, tmp_path, case, exc, needle):
     out = convert_checkpoint(ckpts["qwen2_5_vl"].f32, tmp_path / "out")
     params = {k: np.array(v) for k, v in read_safetensors(out / "params.safetensors").items()}
@@ -608,8 +682,13 @@ def test_load_converted_rejects_tampering(ckpts, tmp_path, case, exc, needle):
 
 # ---- the script ---------------------------------------------------------------------------------
 def _script(*args, cwd):
-    return subprocess.run([sys.executable, str(REPO / "convert_weights.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(REPO / "convert_weights.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_convert_weights_script(ckpts, tmp_path):
@@ -619,8 +698,10 @@ def test_convert_weights_script(ckpts, tmp_path):
     assert len(lines) == 1 and "253,488 params" in lines[0] and "bfloat16" in lines[0], r.stdout
     assert load_converted(tmp_path / "out")[2]["dtype"] == "bfloat16"
 
-    for args in [(tmp_path / "nowhere", tmp_path / "out2"),  # missing input
-                 (ckpts["qwen2_vl"].f32, tmp_path / "out")]:  # existing output
+    for args in [
+        (tmp_path / "nowhere", tmp_path / "out2"),  # missing input
+        (ckpts["qwen2_vl"].f32, tmp_path / "out"),
+    ]:  # existing output
         r = _script(*args, cwd=tmp_path)
         assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "out2").exists()

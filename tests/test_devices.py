@@ -101,8 +101,9 @@ def test_pad_plan_is_exact(tiny_encoder):
     grid = np.array([[1, 12, 16], [2, 8, 8]])
     plan = planlib.make_plan(grid, tiny_encoder.cfg, tiny_encoder.policy)
     b = plan.bucket
-    big = devlib.pad_plan(plan, dataclasses.replace(b, windows=b.windows + 3, tiles=b.tiles + 2,
-                                                    key_blocks=b.key_blocks + 1))
+    big = devlib.pad_plan(
+        plan, dataclasses.replace(b, windows=b.windows + 3, tiles=b.tiles + 2, key_blocks=b.key_blocks + 1)
+    )
     assert big.window_tokens.shape == (b.windows + 3, b.window_rows) and big.tile_block.shape == (b.tiles + 2,)
     px = np.random.default_rng(0).standard_normal((int(np.prod(grid, 1).sum()), TINY.patch_dim), np.float32)
     forward = jax.jit(tiny_encoder._forward)
@@ -130,8 +131,9 @@ def test_device_arguments(tiny_dirs):
 def test_four_host_devices_match_one(tiny_dirs):
     """The mesh path in a child process with 4 CPU devices vs 1 device (float32, 1e-6)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, __file__, str(tiny_dirs[1])], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tiny_dirs[1])], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["devices"] == 4
@@ -165,15 +167,23 @@ def _child(ckpt: str) -> None:
         again = many.encode(px, g)
         assert np.array_equal(again, got)
         cuts = np.cumsum(np.prod(g, 1) // one.cfg.merge_unit)[:-1]
-        items = [float(np.linalg.norm(a - b) / np.linalg.norm(b))
-                 for a, b in zip(np.split(got, cuts), np.split(ref, cuts))]
+        items = [
+            float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(np.split(got, cuts), np.split(ref, cuts))
+        ]
         out["cases"][name] = {
-            "rel": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)), "max_item_rel": max(items),
-            "programs": count, "buckets": len(set(many._buckets(g))), "recompiled": many.compile_count - count}
+            "rel": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
+            "max_item_rel": max(items),
+            "programs": count,
+            "buckets": len(set(many._buckets(g))),
+            "recompiled": many.compile_count - count,
+        }
         if name == "mixed":  # the cost report counts every device's copy of the step's bucket
             r = many.cost_report(g)
-            out["cost"] = {"patches_ok": r["patches"] == len(px), "ratio": r["flops_ratio"],
-                           "padded_ok": r["padded_patches"] == 4 * sum(b["patches"] for b in r["buckets"])}
+            out["cost"] = {
+                "patches_ok": r["patches"] == len(px),
+                "ratio": r["flops_ratio"],
+                "padded_ok": r["padded_patches"] == 4 * sum(b["patches"] for b in r["buckets"]),
+            }
     from conftest import make_image
 
     from qwen_vit_jax import preprocess_images

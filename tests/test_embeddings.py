@@ -15,16 +15,26 @@ import qwen_vit_jax as qvj
 from qwen_vit_jax import batching, embeddings, multihost
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images
 
-META = {"format": embeddings.FORMAT, "version": embeddings.VERSION, "checkpoint": "/ckpt", "dtype": "float32",
-        "preprocess": {"min_pixels": 3136}}
+META = {
+    "format": embeddings.FORMAT,
+    "version": embeddings.VERSION,
+    "checkpoint": "/ckpt",
+    "dtype": "float32",
+    "preprocess": {"min_pixels": 3136},
+}
 
 
 def make(names: list[str], seed: int = 0, meta: dict = META) -> embeddings.Embeddings:
     rng = np.random.default_rng(seed)
     grid = np.array([[1, 2 * (i + 1), 4] for i in range(len(names))], np.int64).reshape(-1, 3)
     lengths = grid[:, 1] * grid[:, 2] // 4
-    return embeddings.Embeddings(rng.standard_normal((int(lengths.sum()), 8)).astype(np.float32), grid,
-                                 np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), names, dict(meta))
+    return embeddings.Embeddings(
+        rng.standard_normal((int(lengths.sum()), 8)).astype(np.float32),
+        grid,
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        names,
+        dict(meta),
+    )
 
 
 def assert_same(a: embeddings.Embeddings, b: embeddings.Embeddings) -> None:
@@ -42,7 +52,7 @@ def test_round_trip_and_public_names(tmp_path, suffix):
     assert_same(got, e)
     assert got.metadata == e.metadata and len(got) == 3
     assert embeddings.read_names(tmp_path / f"e{suffix}") == e.names
-    np.testing.assert_array_equal(got[1], e.embeddings[e.offsets[1]:e.offsets[2]])
+    np.testing.assert_array_equal(got[1], e.embeddings[e.offsets[1] : e.offsets[2]])
     from qwen_vit_jax import cli
 
     assert cli.read_embeddings is qvj.read_embeddings  # the old import path keeps working
@@ -136,14 +146,17 @@ def test_image_patches_from_headers(tmp_path):
     assert shares[0] + shares[1] == paths
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("h:1", 2, None, False), "missing --process-id"),
-    (("h", 2, 0, False), "HOST:PORT"),
-    (("h:99999", 2, 0, False), "HOST:PORT"),
-    (("h:1", 0, 0, False), "--num-processes must be >= 1"),
-    (("h:1", 2, 2, False), r"--process-id must be in 0 \.\. 1"),
-    (("h:1", 2, 0, True), "drop --distributed"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("h:1", 2, None, False), "missing --process-id"),
+        (("h", 2, 0, False), "HOST:PORT"),
+        (("h:99999", 2, 0, False), "HOST:PORT"),
+        (("h:1", 0, 0, False), "--num-processes must be >= 1"),
+        (("h:1", 2, 2, False), r"--process-id must be in 0 \.\. 1"),
+        (("h:1", 2, 0, True), "drop --distributed"),
+    ],
+)
 def test_initialize_rejects_bad_flags(args, needle):
     with pytest.raises(ValueError, match=needle):
         multihost.initialize(*args)

@@ -13,8 +13,9 @@ import qwen_vit_jax as qvj
 from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.model import abstract_model
 
-TINY25 = dataclasses.replace(QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24,
-                             fullatt_block_indexes=(1,))
+TINY25 = dataclasses.replace(
+    QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24, fullatt_block_indexes=(1,)
+)
 TINY2 = dataclasses.replace(QWEN2_VL_2B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=24)
 
 
@@ -111,12 +112,15 @@ def test_temp_memory_grows_linearly(enc):
     assert temps[1] < 2.5 * temps[0] and temps[2] < 2.5 * temps[1], temps
 
 
-@pytest.mark.parametrize("layers, runs, groups", [
-    (QWEN2_5_VL_3B.full_attention_layers, [(False, 7), (True, 1)], 4),
-    (QWEN2_VL_2B.full_attention_layers, [(True, 32)], 1),
-    ((False, True, False, False, True), [(False, 1), (True, 1), (False, 2), (True, 1)], 1),
-    ((True, False) * 3, [(True, 1), (False, 1)], 3),
-])
+@pytest.mark.parametrize(
+    "layers, runs, groups",
+    [
+        (QWEN2_5_VL_3B.full_attention_layers, [(False, 7), (True, 1)], 4),
+        (QWEN2_VL_2B.full_attention_layers, [(True, 32)], 1),
+        ((False, True, False, False, True), [(False, 1), (True, 1), (False, 2), (True, 1)], 1),
+        ((True, False) * 3, [(True, 1), (False, 1)], 3),
+    ],
+)
 def test_layer_schedule(layers, runs, groups):
     from qwen_vit_jax.model import layer_schedule
 
@@ -185,16 +189,19 @@ def test_compiled_flops_count_the_program_that_runs(cfg, tile_loops):
         merged = max(n // cfg.merge_unit, 64)  # the merger pads to 64 rows
         merger = merged * (2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim)
         full = sum(cfg.full_attention_layers)
-        attention = (full * 4 * d * b.tiles * b.block * b.key_blocks * b.block
-                     + (cfg.depth - full) * 4 * d * b.windows * b.window_rows**2)
+        attention = (
+            full * 4 * d * b.tiles * b.block * b.key_blocks * b.block
+            + (cfg.depth - full) * 4 * d * b.windows * b.window_rows**2
+        )
         assert cost.dot_flops(traced.jaxpr) == n * per_row + merger + attention
 
 
 def test_dot_flops_refuses_loops_without_a_trip_count():
     from qwen_vit_jax import cost
 
-    jaxpr = jax.make_jaxpr(lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]),
-                                                        (0, x)))(np.eye(4, dtype=np.float32))
+    jaxpr = jax.make_jaxpr(lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]), (0, x)))(
+        np.eye(4, dtype=np.float32)
+    )
     with pytest.raises(ValueError, match="while"):
         cost.dot_flops(jaxpr)
 

@@ -38,8 +38,9 @@ from qwen_vit_jax.plan import (
     window_index,
 )
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                    HealthCheck.filter_too_much])
+_COMMON = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+)
 settings.register_profile("ci", max_examples=25, derandomize=True, **_COMMON)
 settings.register_profile("thorough", max_examples=1000, **_COMMON)
 PROFILE = os.environ.get("QVJ_FUZZ", "ci")
@@ -52,8 +53,16 @@ MERGES = (1, 2, 4)
 def tile_table(plan) -> tuple[np.ndarray, ...]:
     """(query block, first frame, last frame, first key block, key block count), int64 [T] each:
     the one place that knows how a Plan stores its full-attention tiles."""
-    return tuple(np.asarray(a, np.int64) for a in (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame,
-                                                    plan.tile_key_start, plan.tile_key_count))
+    return tuple(
+        np.asarray(a, np.int64)
+        for a in (
+            plan.tile_block,
+            plan.tile_first_frame,
+            plan.tile_last_frame,
+            plan.tile_key_start,
+            plan.tile_key_count,
+        )
+    )
 
 
 @st.composite
@@ -68,8 +77,11 @@ def configs(draw) -> VisionConfig:
 
 @st.composite
 def grid_lists(draw, merge: int, max_items: int = 12, max_t: int = 8, max_side: int = 128) -> list[list[int]]:
-    side = st.integers(1, max_side // merge).map(lambda v: v * merge) if merge > 1 else \
-        st.integers(1, max_side // 2).map(lambda v: 2 * v)
+    side = (
+        st.integers(1, max_side // merge).map(lambda v: v * merge)
+        if merge > 1
+        else st.integers(1, max_side // 2).map(lambda v: 2 * v)
+    )
     return draw(st.lists(st.tuples(st.integers(1, max_t), side, side).map(list), min_size=1, max_size=max_items))
 
 
@@ -79,8 +91,10 @@ def requests(draw):
     return cfg, draw(grid_lists(cfg.spatial_merge_size))
 
 
-POLICIES = [BucketPolicy(max_patches=m, block=b, per_octave=p)
-            for m, b, p in [(1024, 128, 2), (4096, 32, 1), (16384, 128, 2), (2048, 64, 2)]]
+POLICIES = [
+    BucketPolicy(max_patches=m, block=b, per_octave=p)
+    for m, b, p in [(1024, 128, 2), (4096, 32, 1), (16384, 128, 2), (2048, 64, 2)]
+]
 
 
 # ---- index functions vs HF ---------------------------------------------------------------------
@@ -184,8 +198,11 @@ def test_requests_split_into_several_chunks(cfg, data, max_patches):
     m = cfg.spatial_merge_size
     # > 2 budgets of rows in >= 2 frames: one chunk would hold > max_patches rows and several
     # frames, which only a single frame may (a frame over budget is a chunk of its own)
-    grid = data.draw(grid_lists(m, max_t=8, max_side=max(2 * m, 32)).filter(
-        lambda gr: sum(t * h * w for t, h, w in gr) > 2 * max_patches and sum(t for t, _, _ in gr) >= 2))
+    grid = data.draw(
+        grid_lists(m, max_t=8, max_side=max(2 * m, 32)).filter(
+            lambda gr: sum(t * h * w for t, h, w in gr) > 2 * max_patches and sum(t for t, _, _ in gr) >= 2
+        )
+    )
     policy = BucketPolicy(max_patches=max_patches)
     plans = make_plans(grid, cfg, policy)
     assert len(plans) >= 2

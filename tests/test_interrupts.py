@@ -52,8 +52,12 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 
 def run_and_signal(pause_at: str, sig: int, *args) -> tuple[int, str]:
     """Run the CLI with ARGS, pausing at `pause_at`; send `sig` there. -> (exit status, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-c", WRAPPER, pause_at, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRAPPER, pause_at, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     try:
         for line in proc.stderr:

@@ -26,8 +26,9 @@ from qwen_vit_jax.model import VisionTransformer, model_from_params
 from qwen_vit_jax.preprocess import preprocess_images
 
 CONFIGS = {
-    "q25": dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48,
-                               fullatt_block_indexes=(1, 3)),
+    "q25": dataclasses.replace(
+        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
+    ),
     "q2": dataclasses.replace(QWEN2_VL_2B, depth=3, width=64, num_heads=4, intermediate_size=128, out_dim=48),
 }
 VIDEO_AND_MIXED = np.array([[2, 10, 12], [1, 8, 8], [1, 2, 18]])  # a video, edge windows, a thin image
@@ -47,8 +48,9 @@ def case(request, tmp_path_factory):
 def run_plans(model, pv, grid, policy=None, **kw):
     """The user's loop: one jitted call per plan, unpadded on the host."""
     forward = jax.jit(lambda px, plan: model(px, plan, **kw))
-    return np.concatenate([plan.unpad(np.asarray(forward(plan.take(pv), plan)))
-                           for plan in qvj.make_plans(grid, model.cfg, policy)])
+    return np.concatenate(
+        [plan.unpad(np.asarray(forward(plan.take(pv), plan))) for plan in qvj.make_plans(grid, model.cfg, policy)]
+    )
 
 
 def test_own_jit_matches_encode_and_hf(case):
@@ -106,8 +108,10 @@ def test_unpad_and_take_check_their_inputs():
 
 
 def flat_grads(tree) -> dict[str, np.ndarray]:
-    return {".".join(map(str, k)): np.asarray(v.get_value() if hasattr(v, "get_value") else v)
-            for k, v in nnx.to_flat_state(tree)}
+    return {
+        ".".join(map(str, k)): np.asarray(v.get_value() if hasattr(v, "get_value") else v)
+        for k, v in nnx.to_flat_state(tree)
+    }
 
 
 def hf_grads_through_converter(hf, tmp_path) -> dict[str, np.ndarray]:
@@ -145,18 +149,21 @@ def test_gradients_match_torch(case, tmp_path, remat):
     def grads(state, pixels):
         def loss(state, pixels):
             return jnp.sum(plan.unpad(nnx.merge(graphdef, state)(pixels, plan, remat=remat)) * weights)
+
         return jax.grad(loss, argnums=(0, 1))(state, pixels)
 
     g_state, g_px = grads(state, plan.take(px))
     g_px = np.asarray(g_px)
-    assert not g_px[plan.n_patches:].any()  # padding rows: exactly zero
-    assert rel(g_px[:plan.n_patches], ref_px) <= 1e-5
+    assert not g_px[plan.n_patches :].any()  # padding rows: exactly zero
+    assert rel(g_px[: plan.n_patches], ref_px) <= 1e-5
     mine = flat_grads(g_state)
     assert mine.keys() == ref_params.keys()
     errors = {k: rel(mine[k], ref_params[k]) for k in mine}
     worst = max(errors, key=errors.get)
-    print(f"\n{cfg.variant} remat={remat}: d/dpixels rel {rel(g_px[:plan.n_patches], ref_px):.2e}, "
-          f"worst param {worst} rel {errors[worst]:.2e}")
+    print(
+        f"\n{cfg.variant} remat={remat}: d/dpixels rel {rel(g_px[: plan.n_patches], ref_px):.2e}, "
+        f"worst param {worst} rel {errors[worst]:.2e}"
+    )
     assert errors[worst] <= 1e-4, errors
 
 
@@ -194,15 +201,15 @@ def test_to_spatial_maps_rows_to_pixels():
     mean, std = np.array([0.48145466, 0.4578275, 0.40821073]), np.array([0.26862954, 0.26130258, 0.27577711])
     for y in range(4):
         for x in range(6):
-            want = (img[y * p:(y + 1) * p, x * p:(x + 1) * p] / 255.0 - mean) / std  # [p, p, C]
+            want = (img[y * p : (y + 1) * p, x * p : (x + 1) * p] / 255.0 - mean) / std  # [p, p, C]
             got = patches[0][0, y, x].reshape(cfg.in_channels, cfg.temporal_patch_size, p, p)[:, 0]  # [C, p, p]
             np.testing.assert_allclose(got, want.transpose(2, 0, 1), atol=1e-5)
     # Merged tokens: a token holds its 2 x 2 patches in merge-unit order, at the merged position.
     tokens = pv.reshape(-1, cfg.merge_unit * cfg.patch_dim)
     merged = qvj.to_spatial(jnp.asarray(tokens), grid, cfg)
     assert [t.shape for t in merged] == [(1, 2, 3, 4 * cfg.patch_dim), (1, 2, 2, 4 * cfg.patch_dim)]
-    np.testing.assert_array_equal(np.asarray(merged[0])[0, 1, 2, :cfg.patch_dim], patches[0][0, 2, 4])
-    np.testing.assert_array_equal(np.asarray(merged[0])[0, 1, 2, -cfg.patch_dim:], patches[0][0, 3, 5])
+    np.testing.assert_array_equal(np.asarray(merged[0])[0, 1, 2, : cfg.patch_dim], patches[0][0, 2, 4])
+    np.testing.assert_array_equal(np.asarray(merged[0])[0, 1, 2, -cfg.patch_dim :], patches[0][0, 3, 5])
     with pytest.raises(ValueError, match="rows"):
         qvj.to_spatial(pv[:-1], grid, cfg)
 

@@ -30,8 +30,9 @@ def execute(name: str, tmp_path, monkeypatch) -> tuple[list, str]:
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.delenv("QWEN_VIT_JAX_CKPT", raising=False)  # build the tiny random checkpoint
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     return outputs, "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

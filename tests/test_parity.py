@@ -24,10 +24,12 @@ from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 TINY = {
     # Qwen2.5-VL: window layers + full layers, head_dim 16 and 32.
-    "q25-hd16": dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96,
-                                    out_dim=48, fullatt_block_indexes=(1, 3)),
-    "q25-hd32": dataclasses.replace(QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=176,
-                                    out_dim=64, fullatt_block_indexes=(2,)),
+    "q25-hd16": dataclasses.replace(
+        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
+    ),
+    "q25-hd32": dataclasses.replace(
+        QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=176, out_dim=64, fullatt_block_indexes=(2,)
+    ),
     # Qwen2-VL: LayerNorm + quick_gelu MLP, full attention everywhere.
     "q2-hd16": dataclasses.replace(QWEN2_VL_2B, depth=4, width=64, num_heads=4, intermediate_size=256, out_dim=48),
     "q2-hd32": dataclasses.replace(QWEN2_VL_2B, depth=4, width=128, num_heads=4, intermediate_size=512, out_dim=64),
@@ -89,8 +91,8 @@ def test_padding_invariance(tiny_case, tiny_encoder):
     companions = np.array([[2, 6, 8], [1, 10, 14], [1, 20, 4]])
     pxc = random_pixels(cfg, companions, seed=6)
     start = 2 * 6 * 8
-    pxc[start:start + 140] = px
-    together = tiny_encoder.encode(pxc, companions)[start // 4:start // 4 + 35]
+    pxc[start : start + 140] = px
+    together = tiny_encoder.encode(pxc, companions)[start // 4 : start // 4 + 35]
     coarse = qvj.VisionEncoder.from_pretrained(out, policy=qvj.BucketPolicy(block=64, per_octave=1, min_patches=64))
     big = coarse.encode(px, img)
     assert coarse.warmup([img])[0] != tiny_encoder.warmup([img])[0]

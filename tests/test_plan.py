@@ -53,22 +53,28 @@ GRIDS = {
 
 grids_st = st.lists(
     st.tuples(st.integers(1, 3), st.integers(1, 20).map(lambda v: 2 * v), st.integers(1, 20).map(lambda v: 2 * v)),
-    min_size=1, max_size=4,
+    min_size=1,
+    max_size=4,
 )
 
 
 def tile_table(plan: Plan) -> np.ndarray:
     """int32 [5, T]: the plan's tile fields stacked (block, first frame, last frame, first key
     block, key block count)."""
-    return np.stack([plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start,
-                     plan.tile_key_count])
+    return np.stack(
+        [plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start, plan.tile_key_count]
+    )
 
 
 def hf_reference(grid, cfg):
     g = torch.tensor(grid)
     wi, cu = hf.get_vision_window_index(g, cfg.spatial_merge_size, cfg.window_size, cfg.patch_size)
-    return (hf.get_vision_position_ids(g, cfg.spatial_merge_size).numpy(),
-            hf.get_vision_cu_seqlens(g).numpy(), wi.numpy(), cu.numpy())
+    return (
+        hf.get_vision_position_ids(g, cfg.spatial_merge_size).numpy(),
+        hf.get_vision_cu_seqlens(g).numpy(),
+        wi.numpy(),
+        cu.numpy(),
+    )
 
 
 def assert_hf_exact(grid, cfg):
@@ -100,8 +106,10 @@ def check_plan(plan, grid, cfg, policy):
     assert bk.window_rows == cfg.window_patches and plan.window_tokens.shape == (bk.windows, cfg.window_patches)
     assert plan.tile_block.shape == (bk.tiles,)
     assert [a.dtype for a in arrays] == [a.dtype for a in jax.tree.leaves(abstract)]
-    assert all(a.dtype == (np.float32 if k == "pos_embed_weight" else np.int32) and not a.flags.writeable
-               for k, a in zip(Plan.ARRAYS, arrays))
+    assert all(
+        a.dtype == (np.float32 if k == "pos_embed_weight" else np.int32) and not a.flags.writeable
+        for k, a in zip(Plan.ARRAYS, arrays)
+    )
     assert not plan.grid_thw.flags.writeable
 
     np.testing.assert_array_equal(plan.pos_ids[:n], rotary_ids(grid, cfg))
@@ -129,7 +137,7 @@ def check_tiles(tiles, cu, n, b, nb, bk):
     used = count > 0
     np.testing.assert_array_equal(used, first <= last)
     extra = int(used[nb:].sum())
-    assert used[nb:nb + extra].all() and np.all(np.diff(t_block[nb:nb + extra]) >= 0)  # used extras first, in order
+    assert used[nb : nb + extra].all() and np.all(np.diff(t_block[nb : nb + extra]) >= 0)  # used extras first, in order
     assert bk.tiles == nb + coarse_ladder_value(extra)
     assert (count <= bk.key_blocks).all() and 1 <= bk.key_blocks <= nb
     for t in np.flatnonzero(used):
@@ -142,8 +150,10 @@ def check_tiles(tiles, cu, n, b, nb, bk):
         cover = [int(((first[mine] <= f) & (f <= last[mine])).sum()) for f in frames]
         assert cover == [1] * len(frames)
         assert (len(frames) > 0) == used[blk]  # a pure-padding block: an empty tile
-    union = max(fb1[(fb0 <= blk) & (blk <= fb1)].max() - fb0[(fb0 <= blk) & (blk <= fb1)].min() + 1
-                for blk in range((n - 1) // b + 1))
+    union = max(
+        fb1[(fb0 <= blk) & (blk <= fb1)].max() - fb0[(fb0 <= blk) & (blk <= fb1)].min() + 1
+        for blk in range((n - 1) // b + 1)
+    )
     assert bk.tiles * bk.key_blocks <= nb * min(coarse_ladder_value(int(union)), nb)
 
 
@@ -232,8 +242,12 @@ def test_plan_invariants_fixed(name):
 
 
 @settings(max_examples=60, deadline=None)
-@given(grid=grids_st, cfg=st.sampled_from(WINDOWED + [QWEN2_VL_2B]), block=st.sampled_from([4, 8, 32, 128]),
-       per_octave=st.sampled_from([1, 2, 4]))
+@given(
+    grid=grids_st,
+    cfg=st.sampled_from(WINDOWED + [QWEN2_VL_2B]),
+    block=st.sampled_from([4, 8, 32, 128]),
+    per_octave=st.sampled_from([1, 2, 4]),
+)
 def test_plan_invariants_random(grid, cfg, block, per_octave):
     policy = BucketPolicy(block=block, per_octave=per_octave)
     check_plan(make_plan(grid, cfg, policy), grid, cfg, policy)
@@ -241,11 +255,14 @@ def test_plan_invariants_random(grid, cfg, block, per_octave):
 
 # Frames made of windows just over half a slot: the packing exceeds typical(N_pad) and takes the
 # worst-case W_pad (best-fit decreasing leaves at most one slot half empty).
-@pytest.mark.parametrize("grid, cfg", [
-    ([[40, 6, 6]], QWEN2_5_VL_3B),  # one 36-row window per frame
-    ([[3, 6, 6], [1, 14, 14], [5, 6, 14]], QWEN2_5_VL_3B),  # 36- and 48-row windows
-    ([[30, 2, 2], [2, 30, 30]], WIN56),
-])
+@pytest.mark.parametrize(
+    "grid, cfg",
+    [
+        ([[40, 6, 6]], QWEN2_5_VL_3B),  # one 36-row window per frame
+        ([[3, 6, 6], [1, 14, 14], [5, 6, 14]], QWEN2_5_VL_3B),  # 36- and 48-row windows
+        ([[30, 2, 2], [2, 30, 30]], WIN56),
+    ],
+)
 def test_window_packing_pathological(grid, cfg):
     plan = make_plan(grid, cfg)
     check_plan(plan, grid, cfg, BucketPolicy())
@@ -405,10 +422,16 @@ def test_plans_in_recycled_buffers(monkeypatch):
 
 
 # ---- buckets -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("policy", [
-    BucketPolicy(), BucketPolicy(per_octave=1), BucketPolicy(per_octave=4),
-    BucketPolicy(block=64, per_octave=3, min_patches=20), BucketPolicy(block=4),
-])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        BucketPolicy(),
+        BucketPolicy(per_octave=1),
+        BucketPolicy(per_octave=4),
+        BucketPolicy(block=64, per_octave=3, min_patches=20),
+        BucketPolicy(block=4),
+    ],
+)
 def test_ladder(policy):
     p, rungs = policy.per_octave, policy.rungs(10**6)
     assert rungs[0] == policy.min_patches and rungs[-1] >= 10**6 > rungs[-2]
@@ -427,8 +450,26 @@ def test_ladder(policy):
 
 
 def test_ladder_values():
-    assert BucketPolicy().rungs(20000) == [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-                                           2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576]
+    assert BucketPolicy().rungs(20000) == [
+        64,
+        96,
+        128,
+        192,
+        256,
+        384,
+        512,
+        768,
+        1024,
+        1536,
+        2048,
+        3072,
+        4096,
+        6144,
+        8192,
+        12288,
+        16384,
+        24576,
+    ]
     assert BucketPolicy(min_patches=16).rungs(64) == [16, 24, 32, 48, 64]
     blocks = [BucketPolicy(min_patches=16).block_size(r) for r in (16, 96, 128, 192, 384, 1536)]
     assert blocks == [16, 96, 128, 96, 128, 128]
@@ -445,15 +486,18 @@ def test_coarse_ladder():
     assert all(np.diff(vals) >= 0) and all(n <= v < 1.5 * n + 1 for n, v in enumerate(vals, 1))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(block=30), "block must be a positive multiple of 4"),
-    (dict(block=0), "block must be a positive multiple of 4"),
-    (dict(per_octave=0), "per_octave must be an int >= 1"),
-    (dict(per_octave=1.5), "per_octave must be an int >= 1"),
-    (dict(min_patches=18), "min_patches must be a positive multiple of 4"),
-    (dict(min_patches=0), "min_patches must be a positive multiple of 4"),
-    (dict(max_patches=8), "max_patches must be an int >= min_patches"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(block=30), "block must be a positive multiple of 4"),
+        (dict(block=0), "block must be a positive multiple of 4"),
+        (dict(per_octave=0), "per_octave must be an int >= 1"),
+        (dict(per_octave=1.5), "per_octave must be an int >= 1"),
+        (dict(min_patches=18), "min_patches must be a positive multiple of 4"),
+        (dict(min_patches=0), "min_patches must be a positive multiple of 4"),
+        (dict(max_patches=8), "max_patches must be an int >= min_patches"),
+    ],
+)
 def test_policy_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BucketPolicy(**kwargs)
@@ -505,9 +549,15 @@ def brute_force_cost(frames, policy):
 
 
 @settings(max_examples=60, deadline=None)
-@given(grid=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 16).map(lambda v: 2 * v),
-                               st.integers(1, 16).map(lambda v: 2 * v)), min_size=1, max_size=3),
-       max_patches=st.sampled_from([64, 256, 1024, 16384]), per_octave=st.sampled_from([1, 2]))
+@given(
+    grid=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 16).map(lambda v: 2 * v), st.integers(1, 16).map(lambda v: 2 * v)),
+        min_size=1,
+        max_size=3,
+    ),
+    max_patches=st.sampled_from([64, 256, 1024, 16384]),
+    per_octave=st.sampled_from([1, 2]),
+)
 def test_split_random(grid, max_patches, per_octave):
     policy = BucketPolicy(max_patches=max_patches, per_octave=per_octave)
     chunks = check_split(grid, QWEN2_5_VL_3B, policy)
@@ -540,11 +590,19 @@ def test_split_padding(name):
         assert [c.tolist() for c in chunks] == [[[9, 36, 36]], [[1, 36, 36]]]  # 12288 + 1536 vs 16384
 
 
-@pytest.mark.parametrize("grid", [
-    [[1, 2, 2]], [[1, 36, 36]], [[1, 64, 64]], [[2, 10, 18]], [[3, 36, 36]], [[1, 8, 8], [2, 4, 6]],
-    [[1, 2, 2], [3, 16, 24], [1, 34, 6]],
-    [[1, 128, 200]],  # one frame over max_patches: its own chunk, its own rung
-])
+@pytest.mark.parametrize(
+    "grid",
+    [
+        [[1, 2, 2]],
+        [[1, 36, 36]],
+        [[1, 64, 64]],
+        [[2, 10, 18]],
+        [[3, 36, 36]],
+        [[1, 8, 8], [2, 4, 6]],
+        [[1, 2, 2], [3, 16, 24], [1, 34, 6]],
+        [[1, 128, 200]],  # one frame over max_patches: its own chunk, its own rung
+    ],
+)
 def test_split_small_requests_one_chunk(grid):
     chunks = split_grid(grid, QWEN2_5_VL_3B)
     assert len(chunks) == 1 and chunks[0].tolist() == grid
@@ -586,18 +644,21 @@ def test_make_plans_matches_make_plan(name, cfg):
 
 
 # ---- validation --------------------------------------------------------------------------------
-@pytest.mark.parametrize("grid, match", [
-    ([[1, 3, 4]], r"row 0 .*multiples of spatial_merge_size 2 \(odd"),
-    ([[1, 4, 4], [1, 4, 6], [2, 8, 5]], r"row 2 = \[2, 8, 5\]"),
-    ([[0, 4, 4]], r"row 0 .*t must be positive, got 0"),
-    ([[1, 4, 4], [1, -2, 4]], r"row 1 .*h must be positive, got -2"),
-    ([1, 4, 4], r"shape \[k, 3\].*got shape \(3,\)"),
-    ([[1, 4], [2, 4]], r"shape \[k, 3\].*\(2, 2\)"),
-    (np.zeros((0, 3), np.int64), "empty"),
-    ([[1.0, 4.0, 4.0]], "integers, got dtype float64"),
-    ([[True, True, True]], "integers, got dtype bool"),
-    ([[1, 4, 4], [1, 4]], "rectangular"),
-])
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        ([[1, 3, 4]], r"row 0 .*multiples of spatial_merge_size 2 \(odd"),
+        ([[1, 4, 4], [1, 4, 6], [2, 8, 5]], r"row 2 = \[2, 8, 5\]"),
+        ([[0, 4, 4]], r"row 0 .*t must be positive, got 0"),
+        ([[1, 4, 4], [1, -2, 4]], r"row 1 .*h must be positive, got -2"),
+        ([1, 4, 4], r"shape \[k, 3\].*got shape \(3,\)"),
+        ([[1, 4], [2, 4]], r"shape \[k, 3\].*\(2, 2\)"),
+        (np.zeros((0, 3), np.int64), "empty"),
+        ([[1.0, 4.0, 4.0]], "integers, got dtype float64"),
+        ([[True, True, True]], "integers, got dtype bool"),
+        ([[1, 4, 4], [1, 4]], "rectangular"),
+    ],
+)
 def test_validate_errors(grid, match):
     with pytest.raises(ValueError, match=match):
         validate_grid(grid, QWEN2_5_VL_3B)
@@ -607,8 +668,13 @@ def test_validate_layouts_and_dtypes():
     """Any integer dtype and memory layout: an int64, C-ordered, writable copy, and the same plan."""
     base = np.array([[2, 4, 6], [1, 8, 8]])
     plan = make_plan(base, QWEN2_5_VL_3B)
-    for arr in (base.astype(np.int32), base.astype(np.uint16), np.asfortranarray(base),
-                np.repeat(base, 2, axis=0)[::2], np.ascontiguousarray(base[::-1])[::-1]):
+    for arr in (
+        base.astype(np.int32),
+        base.astype(np.uint16),
+        np.asfortranarray(base),
+        np.repeat(base, 2, axis=0)[::2],
+        np.ascontiguousarray(base[::-1])[::-1],
+    ):
         g = validate_grid(arr, QWEN2_5_VL_3B)
         assert g.dtype == np.int64 and g.flags.c_contiguous and g.flags.writeable
         assert g.tolist() == base.tolist() and not np.shares_memory(g, arr)

@@ -19,8 +19,13 @@ from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_mod
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video, smart_resize
 
 HUB_CONFIG = {
-    "min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
     "image_processor_type": "Qwen2VLImageProcessor",
 }
 
@@ -60,8 +65,21 @@ def assert_same(ours, ref, atol=0.0):
 # ---- smart_resize ------------------------------------------------------------------------------------
 def test_smart_resize_matches_hf():
     rng = np.random.default_rng(0)
-    sizes = [(1, 1), (20, 30), (28, 28), (300, 450), (333, 517), (28, 5000), (5000, 28), (14, 14), (42, 42),
-             (1000, 1000), (4000, 3000), (10, 2000), (1, 200)]
+    sizes = [
+        (1, 1),
+        (20, 30),
+        (28, 28),
+        (300, 450),
+        (333, 517),
+        (28, 5000),
+        (5000, 28),
+        (14, 14),
+        (42, 42),
+        (1000, 1000),
+        (4000, 3000),
+        (10, 2000),
+        (1, 200),
+    ]
     sizes += [tuple(int(v) for v in rng.integers(1, 4000, 2)) for _ in range(300)]
     ranges = [(3136, 1003520), (3136, 12845056), (100 * 784, 200 * 784), (784, 784)]
     for h, w in sizes:
@@ -94,8 +112,9 @@ def test_300x450_shapes():
     assert pv.shape == (704, 1176) and grid.tolist() == [[1, 22, 32]]
 
 
-@pytest.mark.parametrize("h,w", [(300, 450), (333, 517), (1, 1), (20, 30), (7, 13), (28, 5000), (5000, 28),
-                                 (1000, 1000), (57, 1111)])
+@pytest.mark.parametrize(
+    "h,w", [(300, 450), (333, 517), (1, 1), (20, 30), (7, 13), (28, 5000), (5000, 28), (1000, 1000), (57, 1111)]
+)
 def test_image_matches_hf(h, w):
     img = rand_img(h, w, seed=h * 7 + w)
     ref = hf_run(hf_proc(), Image.fromarray(img))  # PIL into HF: no channel-order guessing for tiny arrays
@@ -160,8 +179,16 @@ def _pil_modes():
     pal_t = pal.copy()
     pal_t.info["transparency"] = 5
     la = Image.fromarray(rand_img(150, 230, 2, seed=8), "LA")
-    return {"L": rgb.convert("L"), "RGBA": rgba, "P": pal, "P+transparency": pal_t, "LA": la,
-            "CMYK": rgb.convert("CMYK"), "1": rgb.convert("1"), "I": rgb.convert("I")}
+    return {
+        "L": rgb.convert("L"),
+        "RGBA": rgba,
+        "P": pal,
+        "P+transparency": pal_t,
+        "LA": la,
+        "CMYK": rgb.convert("CMYK"),
+        "1": rgb.convert("1"),
+        "I": rgb.convert("I"),
+    }
 
 
 @pytest.mark.parametrize("mode", list(_pil_modes()))
@@ -192,8 +219,17 @@ def test_defaults_match_hf():
     d = PreprocessConfig().to_dict()
     assert (d["min_pixels"], d["max_pixels"]) == (hf["size"]["shortest_edge"], hf["size"]["longest_edge"])
     assert d["max_pixels"] == 1003520
-    for k in ("patch_size", "temporal_patch_size", "merge_size", "rescale_factor", "resample", "do_resize",
-              "do_rescale", "do_normalize", "do_convert_rgb"):
+    for k in (
+        "patch_size",
+        "temporal_patch_size",
+        "merge_size",
+        "rescale_factor",
+        "resample",
+        "do_resize",
+        "do_rescale",
+        "do_normalize",
+        "do_convert_rgb",
+    ):
         assert d[k] == hf[k], k
     assert tuple(d["image_mean"]) == tuple(hf["image_mean"])
     assert tuple(d["image_std"]) == tuple(hf["image_std"])
@@ -202,8 +238,9 @@ def test_defaults_match_hf():
 def test_from_hf_hub_config(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(HUB_CONFIG))
     cfg = PreprocessConfig.from_hf(tmp_path)
-    assert cfg == PreprocessConfig.from_hf(tmp_path / "preprocessor_config.json") == PreprocessConfig.from_hf(
-        HUB_CONFIG)
+    assert (
+        cfg == PreprocessConfig.from_hf(tmp_path / "preprocessor_config.json") == PreprocessConfig.from_hf(HUB_CONFIG)
+    )
     assert (cfg.min_pixels, cfg.max_pixels) == (3136, 12845056)
     hf = Qwen2VLImageProcessorPil.from_dict(HUB_CONFIG)
     img = rand_img(1100, 1300, seed=12)  # above the class default max_pixels, below the hub's
@@ -214,8 +251,7 @@ def test_from_hf_hub_config(tmp_path):
 
 
 def test_from_hf_size_dict_and_roundtrip():
-    d = {"size": {"shortest_edge": 50000, "longest_edge": 300000}, "do_normalize": False, "junk": 1,
-         "image_mean": None}
+    d = {"size": {"shortest_edge": 50000, "longest_edge": 300000}, "do_normalize": False, "junk": 1, "image_mean": None}
     cfg = PreprocessConfig.from_hf(d)
     assert (cfg.min_pixels, cfg.max_pixels, cfg.do_normalize) == (50000, 300000, False)
     assert PreprocessConfig.from_hf(dict(d, min_pixels=4000)).min_pixels == 4000  # top level wins, as in HF
@@ -225,11 +261,17 @@ def test_from_hf_size_dict_and_roundtrip():
     assert_same(preprocess_images(img, config=cfg), hf_run(hf, img))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(do_rescale=False), dict(do_normalize=False), dict(do_rescale=False, do_normalize=False),
-    dict(patch_size=16, merge_size=2, temporal_patch_size=1), dict(merge_size=1, temporal_patch_size=3),
-    dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.5, 2.0], rescale_factor=0.01),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(do_rescale=False),
+        dict(do_normalize=False),
+        dict(do_rescale=False, do_normalize=False),
+        dict(patch_size=16, merge_size=2, temporal_patch_size=1),
+        dict(merge_size=1, temporal_patch_size=3),
+        dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.25, 0.5, 2.0], rescale_factor=0.01),
+    ],
+)
 def test_other_settings_match_hf(kw):
     img = rand_img(203, 311, seed=14)
     ours = preprocess_images(img, config=PreprocessConfig.from_hf(kw))
@@ -238,17 +280,26 @@ def test_other_settings_match_hf(kw):
 
 def test_no_resize():
     img = rand_img(56, 112, seed=15)
-    assert_same(preprocess_images(img, config=PreprocessConfig(do_resize=False)),
-                hf_run(hf_proc(do_resize=False), img))
+    assert_same(preprocess_images(img, config=PreprocessConfig(do_resize=False)), hf_run(hf_proc(do_resize=False), img))
     with pytest.raises(ValueError, match="multiples of 28"):
         preprocess_images(rand_img(50, 112), config=PreprocessConfig(do_resize=False))
 
 
-@pytest.mark.parametrize("bad", [
-    {"patch_size": 0}, {"merge_size": "2"}, {"image_mean": [0.5, 0.5]}, {"image_std": [1, 0, 1]},
-    {"do_resize": "yes"}, {"min_pixels": 5000, "max_pixels": 4000}, {"size": 5}, {"rescale_factor": -1},
-    {"resample": 9}, {"max_pixels": 1.5e6},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"patch_size": 0},
+        {"merge_size": "2"},
+        {"image_mean": [0.5, 0.5]},
+        {"image_std": [1, 0, 1]},
+        {"do_resize": "yes"},
+        {"min_pixels": 5000, "max_pixels": 4000},
+        {"size": 5},
+        {"rescale_factor": -1},
+        {"resample": 9},
+        {"max_pixels": 1.5e6},
+    ],
+)
 def test_from_hf_bad_values(bad):
     with pytest.raises(ValueError):
         PreprocessConfig.from_hf(bad)
@@ -266,18 +317,21 @@ def test_from_hf_bad_files(tmp_path):
 
 
 # ---- bad input ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("images,err,match", [
-    ([], ValueError, "empty"),
-    (np.zeros((10, 10, 2), np.uint8), ValueError, "channels-last"),
-    (np.zeros((3, 100, 120), np.uint8), ValueError, "channels-last"),
-    (np.zeros((2, 2, 10, 10, 3), np.uint8), ValueError, "shape"),
-    (np.zeros((0, 10, 3), np.uint8), ValueError, "empty"),
-    (np.full((10, 10, 3), 0.5), ValueError, r"\[0, 1\]"),
-    (np.full((10, 10, 3), 300), ValueError, "255"),
-    (np.zeros((10, 10, 3), bool), TypeError, "dtype"),
-    ("cat.png", TypeError, "str"),
-    ([np.zeros((10, 10, 3), np.uint8), 5], TypeError, "image 1"),
-])
+@pytest.mark.parametrize(
+    "images,err,match",
+    [
+        ([], ValueError, "empty"),
+        (np.zeros((10, 10, 2), np.uint8), ValueError, "channels-last"),
+        (np.zeros((3, 100, 120), np.uint8), ValueError, "channels-last"),
+        (np.zeros((2, 2, 10, 10, 3), np.uint8), ValueError, "shape"),
+        (np.zeros((0, 10, 3), np.uint8), ValueError, "empty"),
+        (np.full((10, 10, 3), 0.5), ValueError, r"\[0, 1\]"),
+        (np.full((10, 10, 3), 300), ValueError, "255"),
+        (np.zeros((10, 10, 3), bool), TypeError, "dtype"),
+        ("cat.png", TypeError, "str"),
+        ([np.zeros((10, 10, 3), np.uint8), 5], TypeError, "image 1"),
+    ],
+)
 def test_bad_images(images, err, match):
     with pytest.raises(err, match=match):
         preprocess_images(images)
@@ -350,9 +404,14 @@ def test_video_bad_input():
 
 # ---- Qwen3-VL / Qwen3.5 ------------------------------------------------------------------------------
 HUB_QWEN3_VL_CONFIG = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
-    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
 }
 
 
@@ -365,17 +424,21 @@ def test_qwen3_vl_hub_config_matches_hf(tmp_path):
     cfg = PreprocessConfig.from_hf(tmp_path)
     assert cfg == QWEN3_VL_PREPROCESS
     assert (cfg.factor, cfg.patch_dim, cfg.min_pixels, cfg.max_pixels) == (32, 1536, 65536, 16777216)
-    hf = hf_proc(**{k: v for k, v in HUB_QWEN3_VL_CONFIG.items() if not k.endswith("_type")
-                    and k != "processor_class"})
+    hf = hf_proc(**{k: v for k, v in HUB_QWEN3_VL_CONFIG.items() if not k.endswith("_type") and k != "processor_class"})
     assert hf.to_dict()["size"] == HUB_QWEN3_VL_CONFIG["size"] and hf.patch_size == 16
-    images = [rand_img(100, 150, seed=20),  # below min_pixels: scaled up
-              rand_img(333, 517, seed=21), rand_img(1024, 768, seed=22), rand_img(40, 1900, seed=23)]
+    images = [
+        rand_img(100, 150, seed=20),  # below min_pixels: scaled up
+        rand_img(333, 517, seed=21),
+        rand_img(1024, 768, seed=22),
+        rand_img(40, 1900, seed=23),
+    ]
     ours = preprocess_images(images, config=cfg)
     assert_same(ours, hf_run(hf, images))
     assert ours[0].shape[1] == 1536 and (ours[1][:, 1:] % 2 == 0).all()
     assert (ours[1][:, 1:] * 16 % 32 == 0).all()
     # the pixel budget as `size` also overrides like HF when passed at call time
     small = preprocess_images(images[2], max_pixels=200_000, config=cfg)
-    assert_same(small, hf_run(hf_proc(**dict(HUB_QWEN3_VL_CONFIG, size={"shortest_edge": 65536,
-                                                                         "longest_edge": 200_000})),
-                              images[2]))
+    assert_same(
+        small,
+        hf_run(hf_proc(**dict(HUB_QWEN3_VL_CONFIG, size={"shortest_edge": 65536, "longest_edge": 200_000})), images[2]),
+    )

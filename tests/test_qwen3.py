@@ -29,25 +29,45 @@ from qwen_vit_jax.plan.posembed import interpolation_indices_weights, pos_embed_
 from tests.hf_utils import build_hf_model
 
 # head_dim 16, patch 4 (patch_dim 96), a 6 x 6 position table, deepstack after both blocks
-TINY_Q3 = dataclasses.replace(QWEN3_VL_8B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=48,
-                              patch_size=4, num_position_embeddings=36, deepstack_layers=(0, 1))
+TINY_Q3 = dataclasses.replace(
+    QWEN3_VL_8B,
+    depth=2,
+    width=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_dim=48,
+    patch_size=4,
+    num_position_embeddings=36,
+    deepstack_layers=(0, 1),
+)
 TINY_Q35 = dataclasses.replace(TINY_Q3, variant=QWEN3_5, depth=3, deepstack_layers=())
 
 # The hub's Qwen3-VL-8B config.json vision part (transformers 4.57 layout; note model_type "qwen3_vl").
 HUB_QWEN3_VL_8B = {
     "model_type": "qwen3_vl",
     "vision_config": {
-        "deepstack_visual_indexes": [8, 16, 24], "depth": 27, "hidden_act": "gelu_pytorch_tanh",
-        "hidden_size": 1152, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304,
-        "model_type": "qwen3_vl", "num_heads": 16, "num_position_embeddings": 2304, "out_hidden_size": 4096,
-        "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [8, 16, 24],
+        "depth": 27,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "in_channels": 3,
+        "initializer_range": 0.02,
+        "intermediate_size": 4304,
+        "model_type": "qwen3_vl",
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 4096,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
     },
 }
 
 
 def hf_interp(grid, side, merge=2):
     idx, w = get_vision_interpolation_indices_and_weights(
-        torch.tensor(grid, dtype=torch.int64), side, mode="bilinear", align_corners=True, spatial_merge_size=merge)
+        torch.tensor(grid, dtype=torch.int64), side, mode="bilinear", align_corners=True, spatial_merge_size=merge
+    )
     return idx.numpy(), w.numpy()
 
 
@@ -66,8 +86,15 @@ def test_config_from_hf_both_layouts_and_vision_only():
         assert VisionConfig.from_hf(d) == dataclasses.replace(QWEN3_VL_8B, out_dim=4096)
     default = VisionConfig.from_hf(Qwen3_5Config().to_dict())
     assert default == dataclasses.replace(QWEN3_5_27B, out_dim=3584)  # HF's class defaults
-    hub35 = {"model_type": "qwen3_5", "vision_config": {"model_type": "qwen3_5", "deepstack_visual_indexes": [],
-                                                        "out_hidden_size": 5120, "patch_size": [16, 16]}}
+    hub35 = {
+        "model_type": "qwen3_5",
+        "vision_config": {
+            "model_type": "qwen3_5",
+            "deepstack_visual_indexes": [],
+            "out_hidden_size": 5120,
+            "patch_size": [16, 16],
+        },
+    }
     assert VisionConfig.from_hf(hub35) == QWEN3_5_27B
     for name, cfg in PRESETS.items():
         assert VisionConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg, name
@@ -82,18 +109,21 @@ def test_config_properties():
     assert (QWEN2_5_VL_3B.pos_embed_side, QWEN3_5_27B.num_deepstack) == (0, 0)
 
 
-@pytest.mark.parametrize("d, match", [
-    ({"model_type": "qwen3_vl", "vision_config": {"model_type": "qwen3_5_vision"}}, "disagrees"),
-    ({"model_type": "qwen2_vl", "vision_config": {"model_type": "qwen3_vl_vision"}}, "disagrees"),
-    ({"model_type": "qwen3_5", "vision_config": {"deepstack_visual_indexes": [3]}}, "no deepstack"),
-    ({"model_type": "qwen3_vl", "vision_config": {"num_position_embeddings": 2300}}, "positive square"),
-    ({"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [16, 8]}}, "strictly increasing"),
-    ({"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [27]}}, "out of range"),
-    ({"model_type": "qwen3_vl", "vision_config": {"window_size": 112}}, "no window attention"),
-    ({"model_type": "qwen3_vl", "vision_config": {"patch_size": [16, 14]}}, "square patch"),
-    ({"model_type": "qwen3_vl", "vision_config": {"rope_parameters": {"rope_type": "default"}}}, "axial"),
-    ({"num_position_embeddings": 2304, "hidden_size": 1152}, "cannot tell Qwen3-VL from Qwen3.5"),
-])
+@pytest.mark.parametrize(
+    "d, match",
+    [
+        ({"model_type": "qwen3_vl", "vision_config": {"model_type": "qwen3_5_vision"}}, "disagrees"),
+        ({"model_type": "qwen2_vl", "vision_config": {"model_type": "qwen3_vl_vision"}}, "disagrees"),
+        ({"model_type": "qwen3_5", "vision_config": {"deepstack_visual_indexes": [3]}}, "no deepstack"),
+        ({"model_type": "qwen3_vl", "vision_config": {"num_position_embeddings": 2300}}, "positive square"),
+        ({"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [16, 8]}}, "strictly increasing"),
+        ({"model_type": "qwen3_vl", "vision_config": {"deepstack_visual_indexes": [27]}}, "out of range"),
+        ({"model_type": "qwen3_vl", "vision_config": {"window_size": 112}}, "no window attention"),
+        ({"model_type": "qwen3_vl", "vision_config": {"patch_size": [16, 14]}}, "square patch"),
+        ({"model_type": "qwen3_vl", "vision_config": {"rope_parameters": {"rope_type": "default"}}}, "axial"),
+        ({"num_position_embeddings": 2304, "hidden_size": 1152}, "cannot tell Qwen3-VL from Qwen3.5"),
+    ],
+)
 def test_config_errors(d, match):
     with pytest.raises(ValueError, match=match):
         VisionConfig.from_hf(d)
@@ -108,11 +138,11 @@ def test_config_rejects_qwen3_fields_on_qwen2():
 
 # ---- interpolation plan vs HF's helper -------------------------------------------------------------
 GRIDS = [
-    [[1, 2, 2]],                               # h = w = 2: the align_corners endpoints only
-    [[1, 4, 6]],                               # smaller than every table side
-    [[1, 48, 48]],                             # exactly the table side
-    [[1, 96, 100]],                            # larger than the table: upsampling
-    [[3, 10, 8]],                              # a video: positions repeat over t
+    [[1, 2, 2]],  # h = w = 2: the align_corners endpoints only
+    [[1, 4, 6]],  # smaller than every table side
+    [[1, 48, 48]],  # exactly the table side
+    [[1, 96, 100]],  # larger than the table: upsampling
+    [[3, 10, 8]],  # a video: positions repeat over t
     [[3, 10, 8], [1, 96, 100], [2, 2, 34], [1, 6, 2]],  # a mixed batch
 ]
 
@@ -128,8 +158,11 @@ def test_interpolation_matches_hf(grid, side):
 
 
 @settings(max_examples=60, deadline=None)
-@given(side=st.integers(1, 60), merge=st.sampled_from([1, 2, 3]),
-       grid=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=4))
+@given(
+    side=st.integers(1, 60),
+    merge=st.sampled_from([1, 2, 3]),
+    grid=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=4),
+)
 def test_interpolation_matches_hf_random(side, merge, grid):
     grid = [[t, h * merge, w * merge] for t, h, w in grid]
     idx, w = interpolation_indices_weights(grid, with_side(TINY_Q3, side, merge))
@@ -150,8 +183,12 @@ def test_interpolation_padding_cache_and_errors():
     again = interpolation_indices_weights(np.asarray(grid, np.int32), TINY_Q3, rows=64)
     assert again[0] is idx and again[1] is w  # cached by grid, whatever the input dtype
     np.testing.assert_allclose(w[:n].sum(1), 1.0, rtol=0, atol=1e-6)  # a partition of unity
-    for bad, match in [([[1, 3, 4]], "multiples of spatial_merge_size"), ([[0, 2, 2]], "positive"),
-                       ([1, 2, 2], r"\[k, 3\]"), ([[1.0, 2, 2]], "integers")]:
+    for bad, match in [
+        ([[1, 3, 4]], "multiples of spatial_merge_size"),
+        ([[0, 2, 2]], "positive"),
+        ([1, 2, 2], r"\[k, 3\]"),
+        ([[1.0, 2, 2]], "integers"),
+    ]:
         with pytest.raises(ValueError, match=match):
             interpolation_indices_weights(bad, TINY_Q3)
     with pytest.raises(ValueError, match="rows must be"):
@@ -187,6 +224,7 @@ def test_pos_embed_reference_matches_hf_model(cfg):
 # ---- converter ---------------------------------------------------------------------------------------
 def expected_q3(sd: dict, cfg: VisionConfig, prefix: str) -> dict:
     """Our params written out key by key from HF tensors (not through the converter's table)."""
+
     def g(k):
         return sd[prefix + k]
 
@@ -207,19 +245,28 @@ def expected_q3(sd: dict, cfg: VisionConfig, prefix: str) -> dict:
         "merger.fc2.bias": g("merger.linear_fc2.bias"),
     }
     for ours_name, hf_name, transpose in [
-        ("norm1.scale", "norm1.weight", False), ("norm1.bias", "norm1.bias", False),
-        ("norm2.scale", "norm2.weight", False), ("norm2.bias", "norm2.bias", False),
-        ("attn.qkv.kernel", "attn.qkv.weight", True), ("attn.qkv.bias", "attn.qkv.bias", False),
-        ("attn.proj.kernel", "attn.proj.weight", True), ("attn.proj.bias", "attn.proj.bias", False),
-        ("mlp.fc1.kernel", "mlp.linear_fc1.weight", True), ("mlp.fc1.bias", "mlp.linear_fc1.bias", False),
-        ("mlp.fc2.kernel", "mlp.linear_fc2.weight", True), ("mlp.fc2.bias", "mlp.linear_fc2.bias", False),
+        ("norm1.scale", "norm1.weight", False),
+        ("norm1.bias", "norm1.bias", False),
+        ("norm2.scale", "norm2.weight", False),
+        ("norm2.bias", "norm2.bias", False),
+        ("attn.qkv.kernel", "attn.qkv.weight", True),
+        ("attn.qkv.bias", "attn.qkv.bias", False),
+        ("attn.proj.kernel", "attn.proj.weight", True),
+        ("attn.proj.bias", "attn.proj.bias", False),
+        ("mlp.fc1.kernel", "mlp.linear_fc1.weight", True),
+        ("mlp.fc1.bias", "mlp.linear_fc1.bias", False),
+        ("mlp.fc2.kernel", "mlp.linear_fc2.weight", True),
+        ("mlp.fc2.bias", "mlp.linear_fc2.bias", False),
     ]:
         ours["blocks." + ours_name] = stack("blocks.{}." + hf_name, L, transpose)
     if K:
         for ours_name, hf_name, transpose in [
-            ("norm.scale", "norm.weight", False), ("norm.bias", "norm.bias", False),
-            ("fc1.kernel", "linear_fc1.weight", True), ("fc1.bias", "linear_fc1.bias", False),
-            ("fc2.kernel", "linear_fc2.weight", True), ("fc2.bias", "linear_fc2.bias", False),
+            ("norm.scale", "norm.weight", False),
+            ("norm.bias", "norm.bias", False),
+            ("fc1.kernel", "linear_fc1.weight", True),
+            ("fc1.bias", "linear_fc1.bias", False),
+            ("fc2.kernel", "linear_fc2.weight", True),
+            ("fc2.bias", "linear_fc2.bias", False),
         ]:
             ours["deepstack." + ours_name] = stack("deepstack_merger_list.{}." + hf_name, K, transpose)
     return ours
@@ -236,8 +283,10 @@ def q3_ckpt(request, tmp_path_factory):
     model.save_pretrained(root / "sharded", max_shard_size="20KB")
     model.to(torch.bfloat16).save_pretrained(root / "bf16")
     sd32 = {k: v.numpy() for k, v in load_file(root / "f32" / "model.safetensors").items()}
-    sd16 = {k: v.view(torch.int16).numpy().view(np.uint16)
-            for k, v in load_file(root / "bf16" / "model.safetensors").items()}
+    sd16 = {
+        k: v.view(torch.int16).numpy().view(np.uint16)
+        for k, v in load_file(root / "bf16" / "model.safetensors").items()
+    }
     return cfg, root, sd32, sd16
 
 
@@ -268,8 +317,9 @@ def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
         assert not any(k.startswith("deepstack.") for k in shapes)
     # sharded: same params
     _, sharded = convert.read_hf_vision_params(root / "sharded")
-    assert len(set(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())
-                   ["weight_map"].values())) > 2
+    assert (
+        len(set(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
+    )
     for k in want:
         np.testing.assert_array_equal(sharded[k], want[k], err_msg=k)
     # bf16 kept bit for bit through convert_checkpoint -> load_converted
@@ -286,7 +336,7 @@ def test_convert_qwen3_hub_prefixes(q3_ckpt, tmp_path, prefix):
     old = _prefix_of(sd32)
     d = tmp_path / "hub"
     d.mkdir()
-    tensors = {(prefix + k[len(old):] if k.startswith(old) else k): v for k, v in sd32.items()}
+    tensors = {(prefix + k[len(old) :] if k.startswith(old) else k): v for k, v in sd32.items()}
     convert.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
     shutil.copy(root / "f32" / "config.json", d / "config.json")
     got_cfg, params = convert.read_hf_vision_params(d)
@@ -311,8 +361,17 @@ def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
     with pytest.raises(convert.CheckpointError, match="missing.*pos_embed.weight"):
         convert.read_hf_vision_params(variant("no_pos", lambda t: t.pop(prefix + "pos_embed.weight")))
     with pytest.raises(convert.CheckpointError, match="match no"):
-        convert.read_hf_vision_params(variant("extra", lambda t: t.update(
-            {prefix + "deepstack_merger_list.2.norm.weight": np.zeros(4 * cfg.width, np.float32)})))
+        convert.read_hf_vision_params(
+            variant(
+                "extra",
+                lambda t: t.update(
+                    {prefix + "deepstack_merger_list.2.norm.weight": np.zeros(4 * cfg.width, np.float32)}
+                ),
+            )
+        )
     with pytest.raises(convert.CheckpointError, match="shape"):
-        convert.read_hf_vision_params(variant("bad_shape", lambda t: t.update(
-            {prefix + "pos_embed.weight": np.zeros((35, cfg.width), np.float32)})))
+        convert.read_hf_vision_params(
+            variant(
+                "bad_shape", lambda t: t.update({prefix + "pos_embed.weight": np.zeros((35, cfg.width), np.float32)})
+            )
+        )

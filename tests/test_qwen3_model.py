@@ -26,12 +26,28 @@ from qwen_vit_jax.plan.posembed import interpolation_indices_weights
 
 CONFIGS = {
     # head_dim 16, a 6 x 6 table, deepstack taps on inner blocks (1 and 2 of 4)
-    "qwen3_vl": dataclasses.replace(QWEN3_VL_8B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48,
-                                    num_position_embeddings=36, deepstack_layers=(1, 2)),
+    "qwen3_vl": dataclasses.replace(
+        QWEN3_VL_8B,
+        depth=4,
+        width=64,
+        num_heads=4,
+        intermediate_size=96,
+        out_dim=48,
+        num_position_embeddings=36,
+        deepstack_layers=(1, 2),
+    ),
     # head_dim 24 (not a power of two, like the real 72), an 8 x 8 table
-    "qwen3_5": dataclasses.replace(QWEN3_VL_8B, variant=QWEN3_5, depth=3, width=48, num_heads=2,
-                                   intermediate_size=80, out_dim=32, num_position_embeddings=64,
-                                   deepstack_layers=()),
+    "qwen3_5": dataclasses.replace(
+        QWEN3_VL_8B,
+        variant=QWEN3_5,
+        depth=3,
+        width=48,
+        num_heads=2,
+        intermediate_size=80,
+        out_dim=32,
+        num_position_embeddings=64,
+        deepstack_layers=(),
+    ),
 }
 GRIDS = {
     "small": [[1, 4, 4]],  # smaller than both table sides: downsampling
@@ -41,17 +57,23 @@ GRIDS = {
 }
 # The hub's Qwen3-VL preprocessor_config.json (patch 16, mean / std 0.5, the budget as `size`).
 HUB_PREPROCESSOR = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
-    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
 }
 
 
 def hf_outputs(hf, px, grid, **kw):
     """HF's visual(...): (pooler_output, [deepstack features], output object), float32 numpy."""
     with torch.no_grad():
-        out = hf.model.visual(torch.from_numpy(np.asarray(px, np.float32)),
-                              grid_thw=torch.from_numpy(np.asarray(grid, np.int64)), **kw)
+        out = hf.model.visual(
+            torch.from_numpy(np.asarray(px, np.float32)), grid_thw=torch.from_numpy(np.asarray(grid, np.int64)), **kw
+        )
     feats = [f.float().numpy() for f in (getattr(out, "deepstack_features", None) or [])]  # Qwen3.5: none
     return out.pooler_output.float().numpy(), feats, out
 
@@ -134,7 +156,7 @@ def test_padding_invariance(case, encoder):
     companions = np.array([[2, 6, 8], [1, 10, 14], [1, 20, 4]])
     pxc = random_pixels(cfg, companions, seed=6)
     start = 2 * 6 * 8
-    pxc[start:start + 140] = px
+    pxc[start : start + 140] = px
     rows = slice(start // 4, start // 4 + 35)
     tokens, feats = encoder.encode(pxc, companions, return_deepstack=True)
     together = tokens[rows], [f[rows] for f in feats]
@@ -170,8 +192,9 @@ def test_encode_images_with_hub_preprocessor(case, encoder):
     images = [make_image(200, 300, seed=1), make_image(300, 260, seed=2)]  # one below min_pixels
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        proc = Qwen2VLImageProcessorPil(**{k: v for k, v in HUB_PREPROCESSOR.items()
-                                           if k not in ("processor_class", "image_processor_type")})
+        proc = Qwen2VLImageProcessorPil(
+            **{k: v for k, v in HUB_PREPROCESSOR.items() if k not in ("processor_class", "image_processor_type")}
+        )
         batch = proc(images)
     px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
     ref, _, _ = hf_outputs(hf, px, grid)
@@ -208,8 +231,9 @@ def test_ideal_flops_counts_the_deepstack_mergers(case, encoder):
     assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
     plain = dataclasses.replace(cfg, variant=QWEN3_5, deepstack_layers=())
     merge = 2 * (4 * cfg.width) ** 2 + 2 * 4 * cfg.width * cfg.out_dim
-    assert (cost.ideal_flops(cfg, [256], []) - cost.ideal_flops(plain, [256], [])
-            == pytest.approx(cfg.num_deepstack * 64 * merge, rel=1e-12))
+    assert cost.ideal_flops(cfg, [256], []) - cost.ideal_flops(plain, [256], []) == pytest.approx(
+        cfg.num_deepstack * 64 * merge, rel=1e-12
+    )
 
 
 @pytest.mark.slow
@@ -234,10 +258,14 @@ def test_parity_real_size_qwen3_vl(tmp_path):
     tokens16, feats16 = enc16.encode(px, grid, return_deepstack=True)
     cos16, rel16 = assert_bf16_close(tokens16, ref)
     ds16 = [assert_bf16_close(f, r) for f, r in zip(feats16, ref_feats, strict=True)]
-    print(f"\nqwen3-vl-8b fp32: rel Frobenius {rel32:.3g}, max abs / max|ref| {max32:.3g}; deepstack "
-          + ", ".join(f"{a:.3g} / {b:.3g}" for a, b in ds32))
-    print(f"qwen3-vl-8b bf16: min token cosine {cos16:.5f}, rel {rel16:.3g}; deepstack "
-          + ", ".join(f"{a:.5f} / {b:.3g}" for a, b in ds16))
+    print(
+        f"\nqwen3-vl-8b fp32: rel Frobenius {rel32:.3g}, max abs / max|ref| {max32:.3g}; deepstack "
+        + ", ".join(f"{a:.3g} / {b:.3g}" for a, b in ds32)
+    )
+    print(
+        f"qwen3-vl-8b bf16: min token cosine {cos16:.5f}, rel {rel16:.3g}; deepstack "
+        + ", ".join(f"{a:.5f} / {b:.3g}" for a, b in ds16)
+    )
     print(f"qwen3-vl-8b real-size test: {time.perf_counter() - t0:.1f} s")
 
 
@@ -249,8 +277,11 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
 
     from qwen_vit_jax.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
 
-    cfg = TINY_QWEN3_VL if variant == QWEN3_VL else dataclasses.replace(TINY_QWEN3_VL, variant=QWEN3_5,
-                                                                      deepstack_layers=())
+    cfg = (
+        TINY_QWEN3_VL
+        if variant == QWEN3_VL
+        else dataclasses.replace(TINY_QWEN3_VL, variant=QWEN3_5, deepstack_layers=())
+    )
     hf_dir = write_random_hf_checkpoint(cfg, tmp_path / "hf", seed=1)
     assert qvj.VisionConfig.from_hf(hf_dir) == cfg
     assert AutoConfig.from_pretrained(hf_dir).model_type == {QWEN3_VL: "qwen3_vl", QWEN3_5: "qwen3_5"}[variant]

@@ -43,7 +43,22 @@ from .reference import (
 )
 
 __all__ = [
-    "Bucket", "BucketPolicy", "BufferPool", "Plan", "chunk_penalty", "clear_caches", "coarse_ladder_value",
-    "frame_cu_seqlens", "make_plan", "make_plans", "rotary_ids", "segment_lengths", "split_grid", "to_spatial",
-    "typical_windows", "validate_grid", "window_index", "worst_windows",
+    "Bucket",
+    "BucketPolicy",
+    "BufferPool",
+    "Plan",
+    "chunk_penalty",
+    "clear_caches",
+    "coarse_ladder_value",
+    "frame_cu_seqlens",
+    "make_plan",
+    "make_plans",
+    "rotary_ids",
+    "segment_lengths",
+    "split_grid",
+    "to_spatial",
+    "typical_windows",
+    "validate_grid",
+    "window_index",
+    "worst_windows",
 ]

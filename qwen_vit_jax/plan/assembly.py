@@ -143,8 +143,9 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     # buffer size bound: W_pad <= w_worst; T <= NB + coarse(extras) <= NB + 4 F (a block's extra
     # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
     out = POOL.take(4 * n_pad + 2 * w_worst * s + 5 * (n_pad // block + 4 * n_frames))
-    buf, w_pad, kb, n_tiles = kernels.build_plan(g, cfg.spatial_merge_size, window, s, n_pad, block,
-                                                 w_typical, w_worst, out)
+    buf, w_pad, kb, n_tiles = kernels.build_plan(
+        g, cfg.spatial_merge_size, window, s, n_pad, block, w_typical, w_worst, out
+    )
     buf.setflags(write=False)  # before slicing: the views inherit it
     pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)
     tiles = buf[slot_end:tiles_end].reshape(5, n_tiles)
@@ -154,13 +155,31 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
         pe_index, pe_weight = posembed.interpolation_indices_weights(g, cfg, rows=n_pad)
     else:
         pe_rows, pe_index, pe_weight = 0, _NO_POS_INDEX, _NO_POS_WEIGHT
-    return Plan(bucket=Bucket(patches=n_pad, windows=w_pad, key_blocks=kb, block=block, tiles=n_tiles,
-                              window_rows=s, pos_embed_rows=pe_rows),
-                pos_ids=buf[:pos_end].reshape(n_pad, 2), segment_ids=buf[pos_end:seg_end], window_tokens=tokens,
-                window_ids=ids, window_slot=buf[seg_end:slot_end], tile_block=tiles[0],
-                tile_first_frame=tiles[1], tile_last_frame=tiles[2], tile_key_start=tiles[3],
-                tile_key_count=tiles[4], span=_span(0, n, n), pos_embed_index=pe_index,
-                pos_embed_weight=pe_weight, grid_thw=_read_only(g))
+    return Plan(
+        bucket=Bucket(
+            patches=n_pad,
+            windows=w_pad,
+            key_blocks=kb,
+            block=block,
+            tiles=n_tiles,
+            window_rows=s,
+            pos_embed_rows=pe_rows,
+        ),
+        pos_ids=buf[:pos_end].reshape(n_pad, 2),
+        segment_ids=buf[pos_end:seg_end],
+        window_tokens=tokens,
+        window_ids=ids,
+        window_slot=buf[seg_end:slot_end],
+        tile_block=tiles[0],
+        tile_first_frame=tiles[1],
+        tile_last_frame=tiles[2],
+        tile_key_start=tiles[3],
+        tile_key_count=tiles[4],
+        span=_span(0, n, n),
+        pos_embed_index=pe_index,
+        pos_embed_weight=pe_weight,
+        grid_thw=_read_only(g),
+    )
 
 
 def _span(offset: int, n: int, total: int) -> np.ndarray:

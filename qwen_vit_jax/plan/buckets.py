@@ -70,11 +70,11 @@ class BucketPolicy:
         if not is_int(self.per_octave) or self.per_octave < 1:
             raise ValueError(f"BucketPolicy.per_octave must be an int >= 1, got {self.per_octave!r}")
         if not is_int(self.min_patches) or self.min_patches <= 0 or self.min_patches % 4:
-            raise ValueError(f"BucketPolicy.min_patches must be a positive multiple of 4, "
-                             f"got {self.min_patches!r}")
+            raise ValueError(f"BucketPolicy.min_patches must be a positive multiple of 4, got {self.min_patches!r}")
         if not is_int(self.max_patches) or self.max_patches < self.min_patches:
-            raise ValueError(f"BucketPolicy.max_patches must be an int >= min_patches {self.min_patches}, "
-                             f"got {self.max_patches!r}")
+            raise ValueError(
+                f"BucketPolicy.max_patches must be an int >= min_patches {self.min_patches}, got {self.max_patches!r}"
+            )
         if not isinstance(self.tight, bool):
             raise ValueError(f"BucketPolicy.tight must be a bool, got {self.tight!r}")
 
@@ -186,10 +186,10 @@ class Split:
     key_starts: list[int]
 
     def chunk(self, c: int) -> np.ndarray:
-        return self.rows[self.starts[c]:self.starts[c + 1]]
+        return self.rows[self.starts[c] : self.starts[c + 1]]
 
     def key(self, c: int) -> np.ndarray:
-        return self.keys[self.key_starts[c]:self.key_starts[c + 1]]
+        return self.keys[self.key_starts[c] : self.key_starts[c + 1]]
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -202,10 +202,12 @@ def split(g: np.ndarray, policy: BucketPolicy) -> Split:
     rows, keys = np.empty((k + n_frames, 3), np.int64), np.empty((k + n_frames, 3), np.int64)
     starts, key_starts = np.empty(n_frames + 1, np.int64), np.empty(n_frames + 1, np.int64)
     rungs = np.array(rung_table(policy), np.int64)  # [R]
-    n_chunks = kernels.split_chunks(g, rungs, policy.max_patches, chunk_penalty(policy), policy.min_patches,
-                                    rows, starts, keys, key_starts)
-    return Split(rows=rows, starts=starts[:n_chunks + 1].tolist(), keys=keys,
-                 key_starts=key_starts[:n_chunks + 1].tolist())
+    n_chunks = kernels.split_chunks(
+        g, rungs, policy.max_patches, chunk_penalty(policy), policy.min_patches, rows, starts, keys, key_starts
+    )
+    return Split(
+        rows=rows, starts=starts[: n_chunks + 1].tolist(), keys=keys, key_starts=key_starts[: n_chunks + 1].tolist()
+    )
 
 
 def split_grid(grid_thw, cfg: VisionConfig, policy: BucketPolicy = BucketPolicy()) -> list[np.ndarray]:

@@ -62,20 +62,48 @@ class Plan:
     pos_embed_weight: np.ndarray  # float32 [P, 4]
     grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
 
-    ARRAYS = ("pos_ids", "segment_ids", "window_tokens", "window_ids", "window_slot", "tile_block",
-              "tile_first_frame", "tile_last_frame", "tile_key_start", "tile_key_count", "span",
-              "pos_embed_index", "pos_embed_weight")
+    ARRAYS = (
+        "pos_ids",
+        "segment_ids",
+        "window_tokens",
+        "window_ids",
+        "window_slot",
+        "tile_block",
+        "tile_first_frame",
+        "tile_last_frame",
+        "tile_key_start",
+        "tile_key_count",
+        "span",
+        "pos_embed_index",
+        "pos_embed_weight",
+    )
 
     @classmethod
     def abstract(cls, bucket: Bucket) -> Plan:
         """The plan of `bucket` as shape/dtype structs (what `jax.jit(...).lower` takes)."""
         n, t, w, s = bucket.patches, bucket.tiles, bucket.windows, bucket.window_rows
-        shapes = dict(pos_ids=(n, 2), segment_ids=(n,), window_tokens=(w, s), window_ids=(w, s), window_slot=(n,),
-                      tile_block=(t,), tile_first_frame=(t,), tile_last_frame=(t,), tile_key_start=(t,),
-                      tile_key_count=(t,), span=(3,), pos_embed_index=(bucket.pos_embed_rows, 4),
-                      pos_embed_weight=(bucket.pos_embed_rows, 4))
-        return cls(bucket=bucket, **{k: jax.ShapeDtypeStruct(v, np.float32 if k == "pos_embed_weight" else np.int32)
-                                     for k, v in shapes.items()})
+        shapes = dict(
+            pos_ids=(n, 2),
+            segment_ids=(n,),
+            window_tokens=(w, s),
+            window_ids=(w, s),
+            window_slot=(n,),
+            tile_block=(t,),
+            tile_first_frame=(t,),
+            tile_last_frame=(t,),
+            tile_key_start=(t,),
+            tile_key_count=(t,),
+            span=(3,),
+            pos_embed_index=(bucket.pos_embed_rows, 4),
+            pos_embed_weight=(bucket.pos_embed_rows, 4),
+        )
+        return cls(
+            bucket=bucket,
+            **{
+                k: jax.ShapeDtypeStruct(v, np.float32 if k == "pos_embed_weight" else np.int32)
+                for k, v in shapes.items()
+            },
+        )
 
     @property
     def offset(self) -> int:
@@ -96,9 +124,11 @@ class Plan:
         try:
             return int(self.span[i])
         except Exception as e:  # a traced plan: jax.errors.ConcretizationTypeError and kin
-            raise TypeError("this Plan is traced (it was passed into a jitted function): row counts and "
-                            "unpad/take need a concrete plan; close over the plan instead of passing it "
-                            "as an argument, or call unpad outside the function") from e
+            raise TypeError(
+                "this Plan is traced (it was passed into a jitted function): row counts and "
+                "unpad/take need a concrete plan; close over the plan instead of passing it "
+                "as an argument, or call unpad outside the function"
+            ) from e
 
     def take(self, pixel_values, dtype=None) -> np.ndarray:
         """This chunk's rows of the request's pixel_values, zero-padded to the bucket.
@@ -113,13 +143,14 @@ class Plan:
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, patch_dim], got shape {px.shape}")
         if px.shape[0] != self.request_patches:
-            raise ValueError(f"pixel_values has {px.shape[0]} rows but the plan's request has "
-                             f"sum(t*h*w) = {self.request_patches}")
+            raise ValueError(
+                f"pixel_values has {px.shape[0]} rows but the plan's request has sum(t*h*w) = {self.request_patches}"
+            )
         if dtype is None:
             dtype = px.dtype if np.issubdtype(px.dtype, np.floating) else np.float32
         out = np.zeros((self.bucket.patches, px.shape[1]), dtype)  # [N_pad, P]
         a, n = self.offset, self.n_patches
-        out[:n] = px[a:a + n]
+        out[:n] = px[a : a + n]
         return out
 
     def unpad(self, y):
@@ -129,9 +160,11 @@ class Plan:
         traced function only for a plan it closes over."""
         rows, padded = y.shape[-2], self.bucket.patches
         if rows == 0 or padded % rows or self.n_patches % (padded // rows):
-            raise ValueError(f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
-                             f"{padded} patch rows (or that divided by the merge unit)")
-        return y[..., :self.n_patches // (padded // rows), :]
+            raise ValueError(
+                f"unpad: y has {rows} rows on its second-to-last axis; this plan's bucket has "
+                f"{padded} patch rows (or that divided by the merge unit)"
+            )
+        return y[..., : self.n_patches // (padded // rows), :]
 
     def _flatten_with_keys(self):
         return [(jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self.ARRAYS], self.bucket

@@ -101,7 +101,7 @@ def fill_rotary_ids(grid, merge, pos_flat):
     for g in range(grid.shape[0]):
         t, h, w = grid[g, 0], grid[g, 1], grid[g, 2]
         frame_len = 2 * h * w
-        first = pos_flat[r:r + frame_len]
+        first = pos_flat[r : r + frame_len]
         q = 0
         for unit_y in range(h // merge):
             for unit_x in range(w // merge):
@@ -112,7 +112,7 @@ def fill_rotary_ids(grid, merge, pos_flat):
                         q += 2
         r += frame_len
         for _ in range(1, t):
-            dst = pos_flat[r:r + frame_len]
+            dst = pos_flat[r : r + frame_len]
             for q in range(frame_len):
                 dst[q] = first[q]
             r += frame_len
@@ -213,7 +213,7 @@ def fill_window_slots(windows, merge, slot_rows, win_slot, n_slots, tokens, ids,
         entry = slot * slot_rows + used[slot]  # flat entry of the window's next row
         for y in range(y0, y0 + windows[w, WIN_ROWS]):
             row0 = (base + y * cols + x0) * mu
-            tok, wid, back = tokens[entry:entry + run], ids[entry:entry + run], row_slot[row0:row0 + run]
+            tok, wid, back = tokens[entry : entry + run], ids[entry : entry + run], row_slot[row0 : row0 + run]
             for j in range(run):
                 tok[j] = row0 + j
                 wid[j] = w
@@ -226,7 +226,7 @@ def fill_window_slots(windows, merge, slot_rows, win_slot, n_slots, tokens, ids,
         pad[q] = 0
     for slot in range(tokens.shape[0] // slot_rows):
         start = slot * slot_rows + (used[slot] if slot < n_slots else 0)
-        tok, wid = tokens[start:(slot + 1) * slot_rows], ids[start:(slot + 1) * slot_rows]
+        tok, wid = tokens[start : (slot + 1) * slot_rows], ids[start : (slot + 1) * slot_rows]
         for j in range(tok.shape[0]):
             tok[j] = -1
             wid[j] = -1
@@ -385,17 +385,18 @@ def build_plan(grid, merge, window, slot_rows, n_pad, block, w_typical, w_worst,
     fill_rotary_ids(grid, merge, buf[:pos_end])
     seg = buf[pos_end:seg_end]
     for f in range(starts.shape[0] - 1):
-        frame = seg[starts[f]:starts[f + 1]]
+        frame = seg[starts[f] : starts[f + 1]]
         for q in range(frame.shape[0]):
             frame[q] = f
-    pad = seg[starts[-1]:]
+    pad = seg[starts[-1] :]
     for q in range(pad.shape[0]):
         pad[q] = -1
     group_tiles(first_block, last_block, n_blocks, kb, buf[slot_end:tiles_end].reshape(5, n_tiles))
     row_slot = buf[seg_end:slot_end]
     if window > 0:
-        fill_window_slots(windows, merge, slot_rows, win_slot, n_slots, buf[tiles_end:tokens_end],
-                          buf[tokens_end:size], row_slot)
+        fill_window_slots(
+            windows, merge, slot_rows, win_slot, n_slots, buf[tiles_end:tokens_end], buf[tokens_end:size], row_slot
+        )
     else:
         for q in range(n_pad):
             row_slot[q] = 0
@@ -447,7 +448,7 @@ def split_chunks(grid, rungs, cap, penalty, min_patches, rows, starts, keys, key
     while cuts[n_frames - n_chunks] > 0:
         cuts[n_frames - n_chunks - 1] = prev[cuts[n_frames - n_chunks]]
         n_chunks += 1
-    cuts = cuts[n_frames - n_chunks:]
+    cuts = cuts[n_frames - n_chunks :]
 
     n_rows = n_keys = 0
     g = 0

@@ -104,8 +104,9 @@ def _check_grid(grid_thw, cfg: VisionConfig) -> np.ndarray:
     return g
 
 
-def interpolation_indices_weights(grid_thw, cfg: VisionConfig, rows: int | None = None
-                                  ) -> tuple[np.ndarray, np.ndarray]:
+def interpolation_indices_weights(
+    grid_thw, cfg: VisionConfig, rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Gather indices and weights that resample the position table to every patch of `grid_thw`.
 
     Args:

@@ -53,8 +53,9 @@ def _raise_bad_row(rows: list, m: int):
             if v <= 0:
                 raise ValueError(f"grid_thw row {i} = {row}: {name} must be positive, got {v}")
         if row[1] % m or row[2] % m:
-            raise ValueError(f"grid_thw row {i} = {row}: h and w must be multiples of "
-                             f"spatial_merge_size {m} (odd size)")
+            raise ValueError(
+                f"grid_thw row {i} = {row}: h and w must be multiples of spatial_merge_size {m} (odd size)"
+            )
     raise AssertionError("no invalid row")  # pragma: no cover
 
 
@@ -120,18 +121,17 @@ def to_spatial(rows, grid_thw, cfg: VisionConfig) -> list:
     n = int((g[:, 0] * g[:, 1] * g[:, 2]).sum())
     total = rows.shape[-2]
     if total not in (n, n // (m * m)):
-        raise ValueError(f"to_spatial: rows has {total} rows; grid_thw has {n} patches "
-                         f"({n // (m * m)} merged tokens)")
+        raise ValueError(f"to_spatial: rows has {total} rows; grid_thw has {n} patches ({n // (m * m)} merged tokens)")
     merged = total != n or m == 1
     lead, c = rows.shape[:-2], rows.shape[-1]
     out, start = [], 0
     for t, h, w in g.tolist():
         if merged:
             size = t * (h // m) * (w // m)
-            out.append(rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, c))
+            out.append(rows[..., start : start + size, :].reshape(*lead, t, h // m, w // m, c))
         else:
             size = t * h * w
-            x = rows[..., start:start + size, :].reshape(*lead, t, h // m, w // m, m, m, c)
+            x = rows[..., start : start + size, :].reshape(*lead, t, h // m, w // m, m, m, c)
             k = len(lead)  # [.., t, hb, wb, i, j, C] -> [.., t, hb, i, wb, j, C] -> [.., t, h, w, C]
             x = x.transpose(*range(k), k, k + 1, k + 3, k + 2, k + 4, k + 5)
             out.append(x.reshape(*lead, t, h, w, c))
