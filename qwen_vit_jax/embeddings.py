@@ -140,7 +140,7 @@ def read_embeddings(path: str | os.PathLike) -> Embeddings:
 
 def _read_file(path: pathlib.Path) -> Embeddings:
     """One embeddings file (either format), its layout checked."""
-    from qwen_vit_jax.convert import SafetensorsFile
+    from qwen_vit_jax.safetensors_io import SafetensorsFile
 
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
@@ -180,7 +180,7 @@ def _read_file(path: pathlib.Path) -> Embeddings:
 
 def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
     """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
-    from qwen_vit_jax.convert import write_safetensors
+    from qwen_vit_jax.safetensors_io import write_safetensors
 
     path = pathlib.Path(path)
     suffix = check_suffix(path)
@@ -234,7 +234,7 @@ def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:
 def read_names(path: str | os.PathLike) -> list[str]:
     """The image names of one embeddings file, without reading its embeddings (the header of a
     .safetensors file, the `names` member of a .npz)."""
-    from qwen_vit_jax.convert import SafetensorsFile
+    from qwen_vit_jax.safetensors_io import SafetensorsFile
 
     path = pathlib.Path(path)
     if not path.is_file():
@@ -254,7 +254,7 @@ def read_names(path: str | os.PathLike) -> list[str]:
 def _counts(path: pathlib.Path) -> tuple[int, int]:
     """(images, tokens) of an embeddings file, from its header / offsets only (a shard's embeddings
     can be gigabytes; read_embeddings checks the whole file later)."""
-    from qwen_vit_jax.convert import SafetensorsFile
+    from qwen_vit_jax.safetensors_io import SafetensorsFile
 
     if not path.is_file():
         raise FileNotFoundError(

@@ -25,7 +25,7 @@ from qwen_vit_jax import cli
 
 WRAPPER = r"""
 import sys, time
-from qwen_vit_jax import cli, convert, encoder
+from qwen_vit_jax import cli, convert, encoder, safetensors_io
 
 def pause(what):
     print(f"PAUSED {what}", file=sys.stderr, flush=True)
@@ -36,7 +36,7 @@ if sys.argv[1] == "write":  # pause once the file exists under its temporary nam
     def write_then_pause(path, *args, **kwargs):
         real_write(path, *args, **kwargs)
         pause(f"mid-write {path}")
-    convert.write_safetensors = write_then_pause
+    convert.write_safetensors = safetensors_io.write_safetensors = write_then_pause  # convert's, encode's
 else:  # "batch2": pause at the start of encode's second batch
     real_encode, calls = encoder.VisionEncoder.encode, []
     def encode(self, *args, **kwargs):
