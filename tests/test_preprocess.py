@@ -16,6 +16,7 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_mod
 
+from qwen_vit_jax.demo import HUB_PREPROCESSOR_QWEN3
 from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video, smart_resize
 
 HUB_CONFIG = {
@@ -403,16 +404,7 @@ def test_video_bad_input():
 
 
 # ---- Qwen3-VL / Qwen3.5 ------------------------------------------------------------------------------
-HUB_QWEN3_VL_CONFIG = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor",
-    "image_processor_type": "Qwen2VLImageProcessorFast",
-}
+HUB_QWEN3_VL_CONFIG = dict(HUB_PREPROCESSOR_QWEN3, processor_class="Qwen3VLProcessor")  # the hub's file
 
 
 def test_qwen3_vl_hub_config_matches_hf(tmp_path):

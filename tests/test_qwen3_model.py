@@ -22,6 +22,7 @@ from hf_utils import assert_bf16_close, assert_fp32_close, build_hf_model, rando
 import qwen_vit_jax as qvj
 from qwen_vit_jax import cost
 from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN3_5, QWEN3_VL, QWEN3_VL_8B
+from qwen_vit_jax.demo import HUB_PREPROCESSOR_QWEN3
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights
 
 CONFIGS = {
@@ -56,16 +57,7 @@ GRIDS = {
     "mixed": [[1, 4, 4], [2, 8, 10], [1, 16, 12], [1, 2, 2], [1, 2, 18]],
 }
 # The hub's Qwen3-VL preprocessor_config.json (patch 16, mean / std 0.5, the budget as `size`).
-HUB_PREPROCESSOR = {
-    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "processor_class": "Qwen3VLProcessor",
-    "image_processor_type": "Qwen2VLImageProcessorFast",
-}
+HUB_PREPROCESSOR = dict(HUB_PREPROCESSOR_QWEN3, processor_class="Qwen3VLProcessor")  # the hub's file
 
 
 def hf_outputs(hf, px, grid, **kw):
