@@ -115,9 +115,12 @@ def test_window_attention_matches_dense(seed):
     np.fill_diagonal(same, True)
     ref = dense_reference(q, k, v, same)
     plan = attention_plan(n, 4, 1, tokens=tokens, ids=ids, slot=slot)
-    out = np.asarray(jax.jit(window_attention, static_argnums=4)(q, k, v, plan, Numerics("float32")))
+    attend = jax.jit(window_attention, static_argnums=4)
+    out = np.asarray(attend(q, k, v, plan, Numerics("float32")))  # all heads at once (GPU / TPU)
+    loops = np.asarray(attend(q, k, v, plan, Numerics("float32", tile_loops=True)))  # a head at a time (CPU)
+    np.testing.assert_allclose(loops, out, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
-    assert np.isfinite(out).all()
+    assert np.isfinite(out).all() and np.isfinite(loops).all()
 
 
 def test_bf16_numerics_accumulate_in_float32():
