@@ -24,8 +24,9 @@ Parts (--parts, comma-separated):
   gap      the real forward against its 32 layers run as standalone jitted blocks, alternately
   stack    stacked bf16 weights indexed in a loop: does XLA convert the whole stacks to float32
            first, and does storing them bit-cast to uint16 avoid it
-  u16      the same on the real bf16 forward: the encoder's program vs its forward with uint16
-           block stacks (bench_forward's checkpoint), bitwise compared
+  u16      the same on the real bf16 forward: the encoder's program (uint16 block stacks,
+           model.as_bits) vs its forward with bf16 block stacks (bench_forward's checkpoint),
+           bitwise compared
 
 Each part runs in its own JAX process (XLA_FLAGS apply per process).
 
@@ -57,19 +58,17 @@ FLAG_SETS = {  # name -> XLA_FLAGS added to the environment's
 
 # ---- helpers that run inside a JAX worker ---------------------------------------------------
 def _setup(p: dict):
-    """(cfg, plan tables as jnp arrays, bucket, Numerics) for the worker's payload."""
-    import jax.numpy as jnp
+    """(cfg, the image's Plan on the device, Numerics) for the worker's payload."""
+    import jax
 
     from qwen_vit_jax import plan as planlib
     from qwen_vit_jax.attention import Numerics
     from qwen_vit_jax.config import PRESETS
 
     cfg = PRESETS[p.get("variant", VARIANT)]
-    plan = planlib.make_plans([[1, p["side"], p["side"]]], cfg)[0]
-    keys = ("pos_ids", "segment_ids", "tiles", "window_tokens", "window_ids", "window_slot")
-    tables = {k: jnp.asarray(a) for k, a in zip(keys, plan.device_arrays())}
+    plan = jax.device_put(planlib.make_plans([[1, p["side"], p["side"]]], cfg)[0])
     num = Numerics(p["dtype"], native_bf16=p.get("native_bf16", True), tile_loops=p.get("tile_loops", True))
-    return cfg, plan, tables, num
+    return cfg, plan, num
 
 
 def _timed(fn, args, repeats: int) -> float:
@@ -152,12 +151,12 @@ def pieces_worker(p: dict) -> dict:
     from qwen_vit_jax.attention import segment_attention, window_attention
     from qwen_vit_jax.model import Block, apply_rotary, rotary_cos_sin
 
-    cfg, plan, tables, num = _setup(p)
+    cfg, plan, num = _setup(p)
     bucket, reps = plan.bucket, p["repeats"]
     n, d, i, h = bucket.patches, cfg.width, cfg.intermediate_size, cfg.num_heads
     graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
     x = jax.random.normal(jax.random.key(2), (n, d), jnp.float32)
-    cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)
     qkv = jax.random.normal(jax.random.key(3), (n, 3, h, d // h), jnp.float32)
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
     hid = jax.random.normal(jax.random.key(4), (n, i), jnp.float32)
@@ -166,9 +165,8 @@ def pieces_worker(p: dict) -> dict:
         return nnx.merge(graphdef, st)
 
     kb, blk_rows = bucket.key_blocks, bucket.block
-    win_slots, s = tables["window_tokens"].shape
-    tiles = np.asarray(plan.tiles)
-    seg_flops = 4 * d * tiles.shape[1] * blk_rows * kb * blk_rows  # every tile: [Q, Dh] x [Dh, KB*Q] x 2 per head
+    win_slots, s = plan.window_tokens.shape
+    seg_flops = 4 * d * bucket.tiles * blk_rows * kb * blk_rows  # every tile: [Q, Dh] x [Dh, KB*Q] x 2 per head
     pieces = {  # name -> (fn, args, FLOPs computed on the bucket, count per forward)
         "norm (RMSNorm)": (jax.jit(lambda st, x: blk(st).norm1(x)), (state, x), 0, 2 * cfg.depth),
         "qkv dot [N,1280]x[1280,3840]": (
@@ -184,19 +182,13 @@ def pieces_worker(p: dict) -> dict:
             cfg.depth,
         ),
         "window attention core": (
-            jax.jit(
-                lambda q, k, v: window_attention(
-                    q, k, v, tables["window_tokens"], tables["window_ids"], tables["window_slot"], num
-                )
-            ),
+            jax.jit(lambda q, k, v: window_attention(q, k, v, plan, num)),
             (q, k, v),
             4 * win_slots * s * s * d,
             cfg.depth - len(cfg.fullatt_block_indexes),
         ),
         "segment attention core": (
-            jax.jit(
-                lambda q, k, v: segment_attention(q, k, v, tables["segment_ids"], tables["tiles"], blk_rows, kb, num)
-            ),
+            jax.jit(lambda q, k, v: segment_attention(q, k, v, plan, num)),
             (q, k, v),
             seg_flops,
             len(cfg.fullatt_block_indexes),
@@ -233,13 +225,13 @@ def pieces_worker(p: dict) -> dict:
         ),
         "SwiGLU whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 3 * 2 * n * d * i, 0),
         "block, window attention": (
-            jax.jit(lambda st, x: blk(st)(x, cos, sin, tables, full=False, key_blocks=kb, block=blk_rows)),
+            jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=False)),
             (state, x),
             0,
             0,
         ),
         "block, full attention": (
-            jax.jit(lambda st, x: blk(st)(x, cos, sin, tables, full=True, key_blocks=kb, block=blk_rows)),
+            jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=True)),
             (state, x),
             0,
             0,
@@ -283,17 +275,12 @@ def gap_worker(p: dict) -> dict:
     import qwen_vit_jax as qvj
     from qwen_vit_jax.model import Block, rotary_cos_sin
 
-    cfg, plan, tables, num = _setup(p)
-    kb, blk_rows = plan.bucket.key_blocks, plan.bucket.block
+    cfg, plan, num = _setup(p)
     graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
     x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
-    cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+    cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)
     blocks = {
-        full: jax.jit(
-            lambda st, x, full=full: nnx.merge(graphdef, st)(
-                x, cos, sin, tables, full=full, key_blocks=kb, block=blk_rows
-            )
-        )
+        full: jax.jit(lambda st, x, full=full: nnx.merge(graphdef, st)(x, cos, sin, plan, full=full))
         for full in (False, True)
     }
     kinds = cfg.full_attention_layers
@@ -332,7 +319,7 @@ def stack_worker(p: dict) -> dict:
 
     from qwen_vit_jax.attention import Numerics
 
-    cfg, plan, _, _ = _setup({**p, "dtype": "bfloat16"})
+    cfg, plan, _ = _setup({**p, "dtype": "bfloat16"})
     num = Numerics("bfloat16")
     n, d, i, layers = plan.bucket.patches, cfg.width, cfg.intermediate_size, p["layers"]
     keys = jax.random.split(jax.random.key(0), 3)
@@ -375,41 +362,33 @@ def stack_worker(p: dict) -> dict:
 
 
 def u16_forward_worker(p: dict) -> dict:
-    """The encoder's bf16 program against the same forward (VisionTransformer.__call__'s layer
-    schedule, the model's own modules and weights) with the block stacks held as uint16 bits and
-    bit-cast back to bf16 after each layer's index: outputs compared bitwise, alternating calls."""
+    """The encoder's bf16 program (its block stacks held as uint16 bits, model.as_bits, each layer's
+    slice bit-cast back to bf16 after the index) against the same forward (VisionTransformer.__call__'s
+    layer schedule, the model's own modules and weights) with the block stacks as bf16 arrays:
+    outputs compared bitwise, alternating calls."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.encoder import PLAN_KEYS
-    from qwen_vit_jax.model import layer_schedule, rotary_cos_sin
+    from qwen_vit_jax.model import from_bits, layer_schedule, rotary_cos_sin
 
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
     g = np.array([[1, p["side"], p["side"]]])
     plans, pixels = enc._prepare(common.random_pixels(g, enc.cfg.patch_dim), g)
-    plan = plans[0]
-    px, *tables = jax.device_put((pixels[0], *plan.device_arrays()), enc.device)
-    tables = dict(zip(PLAN_KEYS, tables))
-    kb, blk = plan.bucket.key_blocks, plan.bucket.block
-    blocks_gd, blocks_state = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
-    packed = jax.tree.map(
-        lambda a: jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype == jnp.bfloat16 else a, blocks_state
-    )
+    px, plan = jax.device_put((pixels[0], plans[0]), enc.device)
+    blocks_gd, bits = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
+    stacks = jax.tree.map(from_bits, bits)  # the whole bf16 stacks, as the encoder held them before as_bits
 
-    def unpack(a):
-        return jax.lax.bitcast_convert_type(a, jnp.bfloat16) if a.dtype == jnp.uint16 else a
-
-    def fwd(state, packed, pixels, tables):
+    def fwd(state, stacks, pixels, plan):
         model = nnx.merge(enc._graphdef, state)
         cfg = model.cfg
         x = model.patch_embed(pixels)
-        cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+        cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)
 
         def layer_at(x, i, full):
-            st = jax.tree.map(lambda a: unpack(jax.lax.dynamic_index_in_dim(a, i, keepdims=False)), packed)
-            return nnx.merge(blocks_gd, st)(x, cos, sin, tables, full=full, key_blocks=kb, block=blk)
+            st = jax.tree.map(lambda a: from_bits(jax.lax.dynamic_index_in_dim(a, i, keepdims=False)), stacks)
+            return nnx.merge(blocks_gd, st)(x, cos, sin, plan, full=full)
 
         runs, groups = layer_schedule(cfg.full_attention_layers)
         period = len(cfg.full_attention_layers) // groups
@@ -430,11 +409,11 @@ def u16_forward_worker(p: dict) -> dict:
         return model.merger(x)
 
     base = enc._program(plan.bucket)
-    new = jax.jit(fwd).lower(enc._state, packed, px, tables).compile()
+    new = jax.jit(fwd).lower(enc._state, stacks, px, plan).compile()
     text = new.as_text()
     calls = {
-        "encoder program": lambda: jax.block_until_ready(base(enc._state, px, tables)),
-        "uint16 stacks": lambda: jax.block_until_ready(new(enc._state, packed, px, tables)),
+        "encoder program": lambda: jax.block_until_ready(base(enc._state, px, plan)[0]),  # (tokens, deepstack)
+        "bf16 stacks": lambda: jax.block_until_ready(new(enc._state, stacks, px, plan)),
     }
     ys = {k: np.asarray(f()) for k, f in calls.items()}
     times = {k: [] for k in calls}
@@ -444,10 +423,10 @@ def u16_forward_worker(p: dict) -> dict:
     return {
         "ms": {k: 1e3 * statistics.median(t) for k, t in times.items()},
         "times": times,
-        "bitwise_equal": bool(np.array_equal(ys["encoder program"], ys["uint16 stacks"])),
+        "bitwise_equal": bool(np.array_equal(ys["encoder program"], ys["bf16 stacks"])),
         "f32_stack_converts": {
             "encoder program": base.as_text().count("f32[32,"),
-            "uint16 stacks": text.count("f32[32,"),
+            "bf16 stacks": text.count("f32[32,"),
         },
     }
 
@@ -482,7 +461,7 @@ def mlp_pad_worker(p: dict) -> dict:
 
     from qwen_vit_jax.model import SwiGLU
 
-    cfg, plan, _, num = _setup(p)
+    cfg, plan, num = _setup(p)
     n = plan.bucket.patches
     x = jax.random.normal(jax.random.key(2), (n, cfg.width), jnp.float32)
     base = SwiGLU(cfg, num, rngs=nnx.Rngs(0))
@@ -516,25 +495,29 @@ def mlp_pad_worker(p: dict) -> dict:
     return out
 
 
-def _window_grouped(q, k, v, tokens, ids, slot, num, group: int):
+def _window_grouped(q, k, v, plan, num, group: int):
     """window_attention with `group` consecutive slots merged into one slot of group * S rows
     (the same-window mask keeps the result; more masked scores, larger dots)."""
+    import dataclasses
+
     from qwen_vit_jax.attention import window_attention
 
-    w, s = tokens.shape
+    w, s = plan.window_tokens.shape
     pad = -w % group
-    tokens = np.pad(np.asarray(tokens), ((0, pad), (0, 0)), constant_values=-1).reshape(-1, group * s)
-    ids = np.pad(np.asarray(ids), ((0, pad), (0, 0)), constant_values=-1).reshape(-1, group * s)
-    return window_attention(q, k, v, tokens, ids, slot, num)  # flat slot index w*S+j is unchanged
+    tokens = np.pad(np.asarray(plan.window_tokens), ((0, pad), (0, 0)), constant_values=-1).reshape(-1, group * s)
+    ids = np.pad(np.asarray(plan.window_ids), ((0, pad), (0, 0)), constant_values=-1).reshape(-1, group * s)
+    grouped = dataclasses.replace(plan, window_tokens=tokens, window_ids=ids)  # window_slot: w*S+j is unchanged
+    return window_attention(q, k, v, grouped, num)
 
 
-def _window_heads_loop(q, k, v, tokens, ids, slot, num):
+def _window_heads_loop(q, k, v, plan, num):
     """window_attention as a lax.map over heads, each a batched-over-windows dot [W, S, Dh]."""
     import jax
     import jax.numpy as jnp
 
     from qwen_vit_jax.attention import NEG_INF
 
+    tokens, ids, slot = plan.window_tokens, plan.window_ids, plan.window_slot
     w, s = tokens.shape
     rows = jnp.maximum(tokens, 0)
     same = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0)  # [W, S, S]
@@ -559,42 +542,42 @@ def attn_worker(p: dict) -> dict:
 
     from qwen_vit_jax.attention import segment_attention, window_attention
 
-    cfg, plan, t, num = _setup(p)
+    cfg, plan, num = _setup(p)
     n, d, h, reps = plan.bucket.patches, cfg.width, cfg.num_heads, p["repeats"]
     q, k, v = (jax.random.normal(jax.random.key(j), (n, h, d // h), jnp.float32) for j in range(3))
     f32 = dataclasses.replace(num, native_bf16=False)
-    wt, wi, ws = t["window_tokens"], t["window_ids"], t["window_slot"]
-    w, s = wt.shape
+    w, s = plan.window_tokens.shape
     real = plan.n_patches
     variants = {
-        "window: current": (lambda q, k, v: window_attention(q, k, v, wt, wi, ws, num), 4 * w * s * s * d),
-        "window: f32 operands": (lambda q, k, v: window_attention(q, k, v, wt, wi, ws, f32), 4 * w * s * s * d),
-        "window: heads loop": (lambda q, k, v: _window_heads_loop(q, k, v, wt, wi, ws, num), 4 * w * s * s * d),
+        "window: current": (lambda q, k, v: window_attention(q, k, v, plan, num), 4 * w * s * s * d),
+        "window: f32 operands": (lambda q, k, v: window_attention(q, k, v, plan, f32), 4 * w * s * s * d),
+        "window: heads loop": (lambda q, k, v: _window_heads_loop(q, k, v, plan, num), 4 * w * s * s * d),
+        "window: all heads batched": (
+            lambda q, k, v: window_attention(q, k, v, plan, dataclasses.replace(num, tile_loops=False)),
+            4 * w * s * s * d,
+        ),
     }
     for g in (2, 4):
         wg = -(-w // g)
         variants[f"window: {g} slots grouped"] = (
-            lambda q, k, v, g=g: _window_grouped(q, k, v, wt, wi, ws, num, g),
+            lambda q, k, v, g=g: _window_grouped(q, k, v, plan, num, g),
             4 * wg * (g * s) ** 2 * d,
         )
-    tiles = np.asarray(plan.tiles)
-    seg = 4 * d * tiles.shape[1] * plan.bucket.block**2 * plan.bucket.key_blocks
+    seg = 4 * d * plan.bucket.tiles * plan.bucket.block**2 * plan.bucket.key_blocks
     for name, nm in (
         ("current (tile loops)", num),
         ("batched", dataclasses.replace(num, tile_loops=False)),
         ("tile loops, f32 operands", dataclasses.replace(f32, tile_loops=True)),
     ):
         variants[f"segment: {name}"] = (
-            lambda q, k, v, nm=nm: segment_attention(
-                q, k, v, t["segment_ids"], t["tiles"], plan.bucket.block, plan.bucket.key_blocks, nm
-            ),
+            lambda q, k, v, nm=nm: segment_attention(q, k, v, plan, nm),
             seg,
         )
     out = {
         "numerics": str(num),
         "bucket": str(plan.bucket),
         "window_slots": [w, s],
-        "tiles": tiles.shape[1],
+        "tiles": plan.bucket.tiles,
         "variants": {},
     }
     refs, peak = {}, _peak_fn(_own_mode(num))
@@ -628,16 +611,13 @@ def flags_worker(p: dict) -> dict:
     res = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "dots": dots_worker({**p, "shapes": [PEAK_SHAPE]})}
 
     def one(dtype):
-        cfg, plan, tables, num = _setup({**p, "dtype": dtype})
-        kb, blk_rows = plan.bucket.key_blocks, plan.bucket.block
+        cfg, plan, num = _setup({**p, "dtype": dtype})
         graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
         x = jax.random.normal(jax.random.key(2), (plan.bucket.patches, cfg.width), jnp.float32)
-        cos, sin = rotary_cos_sin(tables["pos_ids"], cfg.head_dim, cfg.rope_theta)
+        cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)
         fns = {
             "mlp": jax.jit(lambda st, x: nnx.merge(graphdef, st).mlp(x)),
-            "block": jax.jit(
-                lambda st, x: nnx.merge(graphdef, st)(x, cos, sin, tables, full=False, key_blocks=kb, block=blk_rows)
-            ),
+            "block": jax.jit(lambda st, x: nnx.merge(graphdef, st)(x, cos, sin, plan, full=False)),
         }
         for name, fn in fns.items():
             np.save(f"{p['save']}/{p['name']}-{dtype}-{name}.npy", np.asarray(fn(state, x)))
@@ -865,8 +845,8 @@ def main() -> None:
     if "u16" in parts and ckpt.is_dir():
         r = res["u16"] = common.run_worker(__file__, "u16", {**base, "ours": str(ckpt)})
         print(
-            f"### bf16 forward, encoder program vs uint16 weight stacks (alternating calls): "
-            f"{r['ms']['encoder program']:.0f} ms vs {r['ms']['uint16 stacks']:.0f} ms, bitwise equal "
+            f"### bf16 forward, encoder program (uint16 weight stacks) vs bf16 weight stacks (alternating "
+            f"calls): {r['ms']['encoder program']:.0f} ms vs {r['ms']['bf16 stacks']:.0f} ms, bitwise equal "
             f"{r['bitwise_equal']}; 'f32[32,' in the compiled text: {r['f32_stack_converts']}; "
             f"load {os.getloadavg()[0]:.2f}\n"
         )
