@@ -1,6 +1,6 @@
 """What padding and attention tiling cost: `VisionEncoder.cost_report` on the real-size towers.
 
-For each variant, one JAX process builds a VisionEncoder (zero weights: XLA's FLOP count and
+For each variant, one JAX process builds a VisionEncoder (zero weights: the FLOP count and
 temp memory do not depend on them) and asks `cost_report` about:
   - the multi-frame seed cases: [[10, 36, 36]], ten [10, 36, 36] videos, ten videos
     [10, 36 +- 2, 36 +- 2] (seed 1, as tests/test_plan.py), and one 128 x 128-patch image;

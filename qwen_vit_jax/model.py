@@ -15,7 +15,7 @@ then LayerNorm over the 4 * width merged row) turns that block's output into tok
 Rows stay in the original pixel_values order throughout: frames are contiguous and each
 run of merge_unit (4) rows is one merge unit, so full attention, the merger and the output
 need no permutation; window attention gathers its windows itself (attention.py). Every
-index comes from the host plan (plan.py): nothing here depends on grid values, only on
+index comes from the host plan (plan/): nothing here depends on grid values, only on
 the bucket's static shapes.
 
 Numerics: the residual stream, norms, rotary, softmax and biases are float32; matmul
