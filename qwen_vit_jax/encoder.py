@@ -277,20 +277,19 @@ class VisionEncoder:
     def _plans(self, grid_thw) -> list[planlib.Plan]:
         """The plans the next encode of this grid uses: the ladder's, or tight buckets once the grid
         has been encoded tight_after - 1 times before (while fewer than max_tight_buckets exist)."""
-        ladder = planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
-        if self.tight_after is None:
-            return ladder
-        with self._seen_lock:
-            seen = self._seen.get(_grid_key(grid_thw), 0)
-        if seen + 1 < self.tight_after:
-            return ladder
-        plans = planlib.make_plans(grid_thw, self.cfg, dataclasses.replace(self.policy, tight=True))
-        with self._seen_lock:
-            new = {p.bucket for p in plans} - self._tight_buckets
-            if len(self._tight_buckets) + len(new) > self.max_tight_buckets:
-                return ladder
-            self._tight_buckets |= new
-        return plans
+        if self.tight_after is not None:
+            grid_thw = planlib.validate_grid(grid_thw, self.cfg)  # its error, not numpy's, for a bad grid
+            with self._seen_lock:
+                seen = self._seen.get(_grid_key(grid_thw), 0)
+            if seen + 1 >= self.tight_after:
+                tight = dataclasses.replace(self.policy, tight=True)
+                plans = planlib.make_plans(grid_thw, self.cfg, tight)  # validates grid_thw
+                with self._seen_lock:
+                    new = {p.bucket for p in plans} - self._tight_buckets
+                    if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
+                        self._tight_buckets |= new
+                        return plans
+        return planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
 
     def _count(self, grid_thw, capacity: int = 4096) -> None:
         """One more encode of this grid (an LRU of the last `capacity` grids)."""
