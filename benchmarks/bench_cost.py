@@ -59,7 +59,7 @@ def worker(p: dict) -> dict:
         f"{k}x": enc.cost_report(grid)["temp_bytes"]
         for k, grid in ((1, [[1, 32, 32]]), (2, [[1, 32, 64]]), (4, [[1, 64, 64]]))
     }
-    compile_s = {f"{b.patches}/T{b.tiles}/KB{b.key_blocks}": s for b, s in enc.compile_seconds.items()}
+    compile_s = {f"{b.patches}/T{b.tiles}/K{b.key_rows}": s for b, s in enc.compile_seconds.items()}
     return {
         "cases": cases,
         "stream_ratios": stream,
@@ -83,7 +83,7 @@ def main() -> None:
     rows = []
     for v, r in results.items():
         for name, c in r["cases"].items():
-            buckets = ", ".join(f"{b['patches']}/T{b['tiles']}/KB{b['key_blocks']}" for b in c["buckets"])
+            buckets = ", ".join(f"{b['patches']}/T{b['tiles']}/K{b['key_rows']}" for b in c["buckets"])
             rows.append(
                 [
                     v,
@@ -118,7 +118,7 @@ def main() -> None:
                 "request",
                 "patches",
                 "padded",
-                "buckets (N_pad/T/KB)",
+                "buckets (N_pad/T/K)",
                 "compiled TFLOP",
                 "ideal TFLOP",
                 "ratio",

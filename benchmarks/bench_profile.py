@@ -164,9 +164,8 @@ def pieces_worker(p: dict) -> dict:
     def blk(st):
         return nnx.merge(graphdef, st)
 
-    kb, blk_rows = bucket.key_blocks, bucket.block
     win_slots, s = plan.window_tokens.shape
-    seg_flops = 4 * d * bucket.tiles * blk_rows * kb * blk_rows  # every tile: [Q, Dh] x [Dh, KB*Q] x 2 per head
+    seg_flops = 4 * d * bucket.tiles * bucket.block * bucket.key_rows  # every tile: [B, Dh] x [Dh, K] x 2 per head
     pieces = {  # name -> (fn, args, FLOPs computed on the bucket, count per forward)
         "norm (RMSNorm)": (jax.jit(lambda st, x: blk(st).norm1(x)), (state, x), 0, 2 * cfg.depth),
         "qkv dot [N,1280]x[1280,3840]": (
@@ -563,7 +562,7 @@ def attn_worker(p: dict) -> dict:
             lambda q, k, v, g=g: _window_grouped(q, k, v, plan, num, g),
             4 * wg * (g * s) ** 2 * d,
         )
-    seg = 4 * d * plan.bucket.tiles * plan.bucket.block**2 * plan.bucket.key_blocks
+    seg = 4 * d * plan.bucket.tiles * plan.bucket.block * plan.bucket.key_rows
     for name, nm in (
         ("current (tile loops)", num),
         ("batched", dataclasses.replace(num, tile_loops=False)),

@@ -7,9 +7,9 @@ tables (qwen_vit_jax.plan). Neither ever builds an [N, N] mask:
   windows share a slot), attends densely inside each slot under a same-window mask and
   gathers the results back: cost ~ num_slots * 64 * 64 ~ sum(window_len * 64).
 - segment attention runs tiles from the plan: a query block of `bucket.block` rows restricted
-  to a run of its frames, against a window of `bucket.key_blocks` key blocks holding those
-  frames, as plain 2-D dots per (head, tile): cost ~ sum(frame_len^2) (plus block rounding),
-  memory linear in N.
+  to a run of its frames, against a window of `bucket.key_rows` key rows holding those frames
+  (starting at any row), as plain 2-D dots per (head, tile): cost ~ sum(frame_len^2) (plus block
+  rounding), memory linear in N.
 
 Segments are isolated even from non-finite values: a NaN or Inf in one image never reaches
 another image's output (`_finite`).
@@ -149,25 +149,24 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num:
 
     Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
     blocks of B = plan.bucket.block rows; a tile is one query block restricted to a run of
-    consecutive frames (rows of other frames get exactly zero from it) and needs only the
-    contiguous key blocks of those frames. Tiles 0..NB-1 are the blocks themselves (tile i:
-    block i); extra tiles NB..T-1 are further frame runs of blocks that straddle frames, added to
-    their block's rows. So a block straddling two long frames costs two tiles of about one frame's
-    key blocks each, not one tile over both frames.
+    consecutive frames (rows of other frames get exactly zero from it) and needs only the keys of
+    those frames: the K = plan.bucket.key_rows rows of its window, from row tile_key_start (any
+    row, so a frame that starts mid-block costs no more keys than its own rows, rounded to K).
+    Tiles 0..NB-1 are the blocks themselves (tile i: block i); extra tiles NB..T-1 are further
+    frame runs of blocks that straddle frames, added to their block's rows. So a block straddling
+    two long frames costs two tiles of about one frame's keys each, not one tile over both frames.
 
     Two schedules of the same attention:
-    - `num.tile_loops` (CPU): loops over heads, then tiles; each tile attends to a window of
-      KB = plan.bucket.key_blocks consecutive key blocks holding its range (shifted left where the
-      range ends near the last block) with a plain softmax. Every matmul is a 2-D dot
-      ([B, Dh] x [Dh, KB * B], [B, KB * B] x [KB * B, Dh]), which XLA's CPU backend runs 2-3x
-      faster than batched dots; the live scores are one tile's.
-    - otherwise (GPU / TPU): all tiles and heads at once as batched dots, one key block per step
-      with an online softmax: the live scores are [T, H, B, B], linear in N.
+    - `num.tile_loops` (CPU): loops over heads, then tiles; each tile attends to its window with a
+      plain softmax. Every matmul is a 2-D dot ([B, Dh] x [Dh, K], [B, K] x [K, Dh]), which XLA's
+      CPU backend runs 2-3x faster than batched dots; the live scores are one tile's.
+    - otherwise (GPU / TPU): all tiles and heads at once as batched dots, the window in steps of B
+      key rows with an online softmax: the live scores are [T, H, B, B], linear in N.
 
     Args:
       q, k, v: [N, H, Dh] (q, k already rotated); N = NB * B.
-      plan: segment_ids [N] (-1 for padding rows) and the tile table (tile_block, ...
-        tile_key_count, each [T]); see `Plan`.
+      plan: segment_ids [N] (-1 for padding rows) and the tile table (tile_block, tile_first_frame,
+        tile_last_frame, tile_key_start, each [T]); see `Plan`.
     Returns:
       [N, H, Dh] float32. Padding rows get zeros.
     """
@@ -184,11 +183,9 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num:
 
 def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
     """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, B, Dh]."""
-    block, key_blocks = plan.bucket.block, plan.bucket.key_blocks
+    block, window = plan.bucket.block, plan.bucket.key_rows
     nb = qh.shape[1] // block
-    window = key_blocks * block
     segment_ids = plan.segment_ids
-    w0 = jnp.minimum(plan.tile_key_start, nb - key_blocks) * block  # [T] first key row of each tile's window
     seg = segment_ids.reshape(nb, block)  # [NB, B]
 
     def tile(qx, kx, vx, t_blk, first, last, r0):  # one head: [N, Dh] each -> [B, Dh]
@@ -202,7 +199,7 @@ def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
         o = num.einsum("qk,kd->qd", p, lax.dynamic_slice_in_dim(vx, r0, window))  # [B, Dh]
         return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
-    tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, w0)  # [T] each
+    tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start)  # [T] each
 
     def head(qx, kx, vx):
         return lax.map(lambda a: tile(qx, kx, vx, *a), tiles)  # [T, B, Dh]
@@ -212,31 +209,31 @@ def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
 
 def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
     """segment_attention's batched schedule. qh / kh / vh: [H, N, Dh] -> [H, T, B, Dh]."""
-    block = plan.bucket.block
+    block, window = plan.bucket.block, plan.bucket.key_rows
     h, n, dh = qh.shape
     nb = n // block
-    t_block, kv_start, kv_count = plan.tile_block, plan.tile_key_start, plan.tile_key_count  # [T] each
+    t_block = plan.tile_block  # [T]
     qt = qh.reshape(h, nb, block, dh)[:, t_block]  # [H, T, B, Dh]
-    kb, vb = kh.reshape(h, nb, block, dh), vh.reshape(h, nb, block, dh)  # [H, NB, B, Dh]
     seg = plan.segment_ids.reshape(nb, block)  # [NB, B]
     seg_q = seg[t_block]  # [T, B]
     in_tile = (seg_q >= plan.tile_first_frame[:, None]) & (seg_q <= plan.tile_last_frame[:, None])  # [T, B]
 
-    def step(j, carry):
+    def step(j, carry):  # key rows j * B .. j * B + B - 1 of every tile's window
         m, l, acc = carry  # [H, T, B], [H, T, B], [H, T, B, Dh]
-        active = j < kv_count  # [T]
-        kbi = jnp.where(active, kv_start + j, kv_start)  # [T]
-        s = num.einsum("htqd,htkd->htqk", qt, kb[:, kbi])  # [H, T, B, B]
-        mask = (seg_q[:, :, None] == seg[kbi][:, None, :]) & (in_tile & active[:, None])[:, :, None]  # [T, B, B]
+        offset = j * block + jnp.arange(block)  # [B] rows into the window
+        rows = jnp.minimum(plan.tile_key_start[:, None] + offset, n - 1)  # [T, B]; clamped rows are masked
+        s = num.einsum("htqd,htkd->htqk", qt, kh[:, rows])  # [H, T, B, B]
+        same = seg_q[:, :, None] == plan.segment_ids[rows][:, None, :]  # [T, B, B]
+        mask = same & in_tile[:, :, None] & (offset < window)[None, None, :]  # [T, B, B]
         s = jnp.where(mask, s, NEG_INF)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
         alpha = jnp.exp(m - m_new)
         l = l * alpha + p.sum(axis=-1)
-        acc = acc * alpha[..., None] + num.einsum("htqk,htkd->htqd", p, vb[:, kbi])
+        acc = acc * alpha[..., None] + num.einsum("htqk,htkd->htqd", p, vh[:, rows])
         return m_new, l, acc
 
     shape = (h, t_block.shape[0], block)
     init = (jnp.full(shape, NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dh), jnp.float32))
-    _, l, acc = lax.fori_loop(0, plan.bucket.key_blocks, step, init)
+    _, l, acc = lax.fori_loop(0, -(-window // block), step, init)  # ceil(K / B) steps
     return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile

@@ -14,7 +14,7 @@ compiled program on the whole mesh:
     is dropped;
   * every device's frames are planned with the same patch count (the busiest device's rows
     padded as the policy pads: up to a rung, or with BucketPolicy(tight=True) to the blocks) and
-    the plans padded to one bucket: the most window slots, tiles and key blocks of any of them
+    the plans padded to one bucket: the most window slots, tiles and key rows of any of them
     (an extra slot is empty, an extra tile is the documented empty tile, a wider key window only
     holds more masked keys), so one program per (bucket, mesh) serves;
   * the D plans are stacked into one Plan whose every leaf has a leading [D] axis, the pixels
@@ -107,7 +107,7 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
         bucket = dataclasses.replace(
             buckets[0],
             windows=max(bk.windows for bk in buckets),
-            key_blocks=max(bk.key_blocks for bk in buckets),
+            key_rows=max(bk.key_rows for bk in buckets),
             tiles=max(bk.tiles for bk in buckets),
         )
         stacked = stack_plans([pad_plan(p, bucket) for p in plans])
@@ -193,15 +193,18 @@ def _runs(frames: list[int], start: np.ndarray, size: np.ndarray) -> np.ndarray:
 
 
 def pad_plan(plan: planlib.Plan, bucket: planlib.Bucket) -> planlib.Plan:
-    """`plan` grown to `bucket` (same patches and block; at least its windows, tiles, key blocks).
+    """`plan` grown to `bucket` (same patches and block; at least its windows, tiles, key rows).
 
     Exact: an added window slot is empty (tokens and ids -1), so nothing gathers from it; an
-    added tile is the Plan's empty tile (block 0, frames 0 .. -1, no key blocks), which adds
-    zeros; more key blocks per tile only widen each tile's key window with masked keys.
+    added tile is the Plan's empty tile (block 0, frames 0 .. -1, window start 0), which adds
+    zeros; more key rows only widen each tile's key window with masked keys (a window that would
+    pass the last row starts earlier, still holding the tile's frames).
     """
     own = plan.bucket
     if (own.patches, own.block, own.window_rows) != (bucket.patches, bucket.block, bucket.window_rows) or (
-        own.windows > bucket.windows or own.tiles > bucket.tiles or own.key_blocks > bucket.key_blocks
+        own.windows > bucket.windows
+        or own.tiles > bucket.tiles
+        or not own.key_rows <= bucket.key_rows <= bucket.patches
     ):
         raise ValueError(f"cannot pad a plan of {own} to {bucket}")
     if own == bucket:
@@ -219,8 +222,7 @@ def pad_plan(plan: planlib.Plan, bucket: planlib.Bucket) -> planlib.Plan:
         tile_block=grow(plan.tile_block, extra_t, 0),
         tile_first_frame=grow(plan.tile_first_frame, extra_t, 0),
         tile_last_frame=grow(plan.tile_last_frame, extra_t, -1),
-        tile_key_start=grow(plan.tile_key_start, extra_t, 0),
-        tile_key_count=grow(plan.tile_key_count, extra_t, 0),
+        tile_key_start=grow(np.minimum(plan.tile_key_start, bucket.patches - bucket.key_rows), extra_t, 0),
     )
 
 

@@ -22,12 +22,12 @@ def dense_reference(q, k, v, same):
     return np.einsum("hqk,khd->qhd", p, v)
 
 
-def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=None, slot=None) -> planlib.Plan:
+def attention_plan(n, block, key_rows, seg=None, tiles=None, tokens=None, ids=None, slot=None) -> planlib.Plan:
     """A Plan holding the given tables (the rest empty): what the attention functions read."""
     seg = np.full(n, -1, np.int32) if seg is None else seg
-    tiles = np.zeros((5, n // block), np.int32) if tiles is None else tiles
+    tiles = np.zeros((4, n // block), np.int32) if tiles is None else tiles
     tokens = np.zeros((0, 0), np.int32) if tokens is None else tokens
-    bucket = planlib.Bucket(n, tokens.shape[0], key_blocks, block, tiles.shape[1], tokens.shape[1])
+    bucket = planlib.Bucket(n, tokens.shape[0], key_rows, block, tiles.shape[1], tokens.shape[1])
     return planlib.Plan(
         bucket,
         np.zeros((n, 2), np.int32),
@@ -42,15 +42,16 @@ def attention_plan(n, block, key_blocks, seg=None, tiles=None, tokens=None, ids=
     )
 
 
-def tile_table(lengths, n, block, key_blocks, spare):
+def tile_table(lengths, n, block, key_rows, spare):
     """The plan's tiles (kernels.group_tiles) for frames of `lengths` rows in n rows, with key
-    ranges of at most `key_blocks` blocks and `spare` unused tiles at the end."""
+    windows of `key_rows` rows and `spare` unused tiles at the end."""
     grid = np.array([[1, 1, int(x)] for x in lengths], np.int64)  # frames of any length
-    first_block, last_block = kernels.frame_blocks(kernels.frame_starts(grid), block)
+    starts = kernels.frame_starts(grid)
+    first_block, last_block = kernels.frame_blocks(starts, block)
     nb = n // block
-    extra = kernels.group_tiles(first_block, last_block, nb, key_blocks, np.empty((5, 0), np.int32))
-    tiles = np.zeros((5, nb + extra + spare), np.int32)
-    kernels.group_tiles(first_block, last_block, nb, key_blocks, tiles)
+    extra = kernels.group_tiles(starts, first_block, last_block, nb, n, key_rows, np.empty((4, 0), np.int32))
+    tiles = np.zeros((4, nb + extra + spare), np.int32)
+    kernels.group_tiles(starts, first_block, last_block, nb, n, key_rows, tiles)
     return tiles, extra
 
 
@@ -58,7 +59,8 @@ def tile_table(lengths, n, block, key_blocks, spare):
 @pytest.mark.parametrize("block", [16, 32])
 def test_segment_attention_matches_dense(seed, block):
     """One tile per block over the union of its frames, one per (block, frame), anything between,
-    spare empty tiles, wider key windows (shifted left at the end): all the same attention."""
+    spare empty tiles, key windows of any row count (a multiple of the block or not), wider
+    windows (moved left at the end): all the same attention."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 70, size=rng.integers(1, 7))
     n_real = int(lengths.sum())
@@ -68,19 +70,22 @@ def test_segment_attention_matches_dense(seed, block):
     h, d = 3, 8
     q, k, v = (rng.standard_normal((n, h, d)).astype(np.float32) for _ in range(3))
     ref = dense_reference(q, k, v, seg[:, None] == seg[None, :])
-    widest = int(max(-(-(x + block - 1) // block) for x in lengths))  # >= any frame's block span
+    widest = int(lengths.max())  # K >= any frame's rows
     attend = jax.jit(segment_attention, static_argnums=4)
-    for key_blocks, spare in [(n // block, 0), (widest, 0), (widest, 3), (widest + 1, 1)]:
-        tiles, extra = tile_table(lengths, n, block, key_blocks, spare)
-        if key_blocks == n // block:
+    for key_rows, spare in [(n, 0), (widest, 0), (widest, 3), (widest + 5, 1), (-(-widest // block) * block, 0)]:
+        key_rows = min(key_rows, n)
+        tiles, extra = tile_table(lengths, n, block, key_rows, spare)
+        if key_rows == n:
             assert extra == 0
-        for window in {key_blocks, min(key_blocks + 2, n // block)}:  # a wider window changes nothing
-            plan = attention_plan(n, block, window, seg, tiles)
+        for window in {key_rows, min(key_rows + block + 3, n)}:  # a wider window changes nothing
+            wide = tiles.copy()
+            wide[3] = np.minimum(wide[3], n - window)  # what devices.pad_plan does
+            plan = attention_plan(n, block, window, seg, wide)
             out = np.asarray(attend(q, k, v, plan, Numerics("float32", tile_loops=True)))
             np.testing.assert_allclose(out[:n_real], ref[:n_real], rtol=2e-5, atol=2e-6)
             assert np.isfinite(out).all() and not out[n_real:].any()  # padding rows: zeros
-        batched = attend(q, k, v, attention_plan(n, block, key_blocks, seg, tiles), Numerics("float32"))  # GPU / TPU
-        np.testing.assert_allclose(np.asarray(batched), out, rtol=1e-5, atol=1e-6)
+            batched = attend(q, k, v, plan, Numerics("float32"))  # GPU / TPU
+            np.testing.assert_allclose(np.asarray(batched), out, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -95,15 +95,14 @@ def test_rounds_pad_least():
 
 
 def test_pad_plan_is_exact(tiny_encoder):
-    """A plan grown to a larger bucket (window slots, tiles, key blocks) gives the same tokens."""
+    """A plan grown to a larger bucket (window slots, tiles, key rows) gives the same tokens."""
     import jax
 
     grid = np.array([[1, 12, 16], [2, 8, 8]])
     plan = planlib.make_plan(grid, tiny_encoder.cfg, tiny_encoder.policy)
     b = plan.bucket
-    big = devlib.pad_plan(
-        plan, dataclasses.replace(b, windows=b.windows + 3, tiles=b.tiles + 2, key_blocks=b.key_blocks + 1)
-    )
+    assert b.key_rows < b.patches
+    big = devlib.pad_plan(plan, dataclasses.replace(b, windows=b.windows + 3, tiles=b.tiles + 2, key_rows=b.patches))
     assert big.window_tokens.shape == (b.windows + 3, b.window_rows) and big.tile_block.shape == (b.tiles + 2,)
     px = np.random.default_rng(0).standard_normal((int(np.prod(grid, 1).sum()), TINY.patch_dim), np.float32)
     forward = jax.jit(tiny_encoder._forward)

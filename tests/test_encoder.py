@@ -190,8 +190,7 @@ def test_compiled_flops_count_the_program_that_runs(cfg, tile_loops):
         merger = merged * (2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim)
         full = sum(cfg.full_attention_layers)
         attention = (
-            full * 4 * d * b.tiles * b.block * b.key_blocks * b.block
-            + (cfg.depth - full) * 4 * d * b.windows * b.window_rows**2
+            full * 4 * d * b.tiles * b.block * b.key_rows + (cfg.depth - full) * 4 * d * b.windows * b.window_rows**2
         )
         assert cost.dot_flops(traced.jaxpr) == n * per_row + merger + attention
 

@@ -51,17 +51,11 @@ MERGES = (1, 2, 4)
 
 
 def tile_table(plan) -> tuple[np.ndarray, ...]:
-    """(query block, first frame, last frame, first key block, key block count), int64 [T] each:
-    the one place that knows how a Plan stores its full-attention tiles."""
+    """(query block, first frame, last frame, key window start), int64 [T] each: the one place that
+    knows how a Plan stores its full-attention tiles."""
     return tuple(
         np.asarray(a, np.int64)
-        for a in (
-            plan.tile_block,
-            plan.tile_first_frame,
-            plan.tile_last_frame,
-            plan.tile_key_start,
-            plan.tile_key_count,
-        )
+        for a in (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start)
     )
 
 
@@ -142,9 +136,10 @@ def check_plan(plan, cfg):
     assert (plan.segment_ids[n:] == -1).all()  # padding: a segment of its own
 
     # Full attention: every real row in exactly one tile of its block that lists its frame.
-    blk, first, last, start, count = tile_table(plan)
-    used = count > 0
-    assert (count <= plan.bucket.key_blocks).all()
+    blk, first, last, start = tile_table(plan)
+    used = first <= last
+    k_rows = plan.bucket.key_rows
+    assert 1 <= k_rows <= n_pad and ((0 <= start) & (start <= n_pad - k_rows)).all()
     assert (first[used] >= 0).all() and (first[used] <= last[used]).all() and (last[used] < n_frames).all()
     span = (last - first + 1)[used]
     tile_of = np.repeat(np.flatnonzero(used), span)  # one entry per (tile, frame it lists)
@@ -154,9 +149,9 @@ def check_plan(plan, cfg):
     keys, counts = np.unique(claimed, return_counts=True)
     np.testing.assert_array_equal(keys, real)  # no tile claims a (block, frame) without rows
     assert (counts == 1).all()  # ... and each pair is claimed once: each real row in one tile
-    # The tile's key blocks hold every row of each frame it lists.
-    assert (start[tile_of] * b <= cu[tile_frame]).all()
-    assert ((start[tile_of] + count[tile_of]) * b >= cu[tile_frame + 1]).all()
+    # The tile's key window holds every row of each frame it lists.
+    assert (start[tile_of] <= cu[tile_frame]).all()
+    assert (start[tile_of] + k_rows >= cu[tile_frame + 1]).all()
 
     if not cfg.windowed:
         assert plan.bucket.windows == 0

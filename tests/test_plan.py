@@ -59,11 +59,9 @@ grids_st = st.lists(
 
 
 def tile_table(plan: Plan) -> np.ndarray:
-    """int32 [5, T]: the plan's tile fields stacked (block, first frame, last frame, first key
-    block, key block count)."""
-    return np.stack(
-        [plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start, plan.tile_key_count]
-    )
+    """int32 [4, T]: the plan's tile fields stacked (block, first frame, last frame, key window
+    start)."""
+    return np.stack([plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start])
 
 
 def hf_reference(grid, cfg):
@@ -126,35 +124,36 @@ def check_plan(plan, grid, cfg, policy):
     check_packing(tok, ids, slot, grid, cfg, n, n_pad)
 
 
-def check_tiles(tiles, cu, n, b, nb, bk):
+def check_tiles(tiles, cu, n, b, nb, bk, tight=False):
     """Full-attention tiles: tile i is block i; every (block, frame with rows in it) pair is in
-    exactly one tile of that block; a tile's key range is exactly its frames' blocks, <= KB;
-    never more work (T * KB) than one tile per block over the union of its frames."""
-    assert tiles.shape == (5, bk.tiles) and bk.tiles >= nb
-    t_block, first, last, start, count = tiles.astype(np.int64)
+    exactly one tile of that block; a tile's key window (K rows from its start, inside the bucket)
+    holds all rows of its frames and starts at its first frame (or as near as the bucket allows);
+    never more work (T * K) than one tile per block over the union of its frames."""
+    assert tiles.shape == (4, bk.tiles) and bk.tiles >= nb
+    t_block, first, last, start = tiles.astype(np.int64)
+    k_rows = bk.key_rows
+    assert 1 <= k_rows <= bk.patches and ((0 <= start) & (start <= bk.patches - k_rows)).all()
     np.testing.assert_array_equal(t_block[:nb], np.arange(nb))
     fb0, fb1 = cu[:-1] // b, (cu[1:] - 1) // b  # blocks of each frame
-    used = count > 0
-    np.testing.assert_array_equal(used, first <= last)
+    used = first <= last
     extra = int(used[nb:].sum())
     assert used[nb : nb + extra].all() and np.all(np.diff(t_block[nb : nb + extra]) >= 0)  # used extras first, in order
-    assert bk.tiles == nb + coarse_ladder_value(extra)
-    assert (count <= bk.key_blocks).all() and 1 <= bk.key_blocks <= nb
+    assert bk.tiles == nb + (extra if tight else coarse_ladder_value(extra))
+    assert (start[~used] == 0).all()
     for t in np.flatnonzero(used):
         frames = np.arange(first[t], last[t] + 1)
         assert ((fb0[frames] <= t_block[t]) & (t_block[t] <= fb1[frames])).all()  # all in the block
-        assert start[t] == fb0[first[t]] and start[t] + count[t] - 1 == fb1[last[t]]
+        assert start[t] == min(cu[first[t]], bk.patches - k_rows) and cu[last[t] + 1] <= start[t] + k_rows
     for blk in range(nb):
         frames = np.flatnonzero((fb0 <= blk) & (blk <= fb1))
         mine = np.flatnonzero(used & (t_block == blk))
         cover = [int(((first[mine] <= f) & (f <= last[mine])).sum()) for f in frames]
         assert cover == [1] * len(frames)
         assert (len(frames) > 0) == used[blk]  # a pure-padding block: an empty tile
-    union = max(
-        fb1[(fb0 <= blk) & (blk <= fb1)].max() - fb0[(fb0 <= blk) & (blk <= fb1)].min() + 1
-        for blk in range((n - 1) // b + 1)
-    )
-    assert bk.tiles * bk.key_blocks <= nb * min(coarse_ladder_value(int(union)), nb)
+    in_block = [(fb0 <= blk) & (blk <= fb1) for blk in range((n - 1) // b + 1)]  # frames with rows in each block
+    union = max(int(cu[1:][f].max() - cu[:-1][f].min()) for f in in_block)  # rows of a block's frames
+    one_per_block = -(-union // 16) * 16 if tight else b * coarse_ladder_value(-(-union // b))
+    assert bk.tiles * k_rows <= nb * min(one_per_block, bk.patches)
 
 
 def check_packing(tok, ids, slot, grid, cfg, n, n_pad):
@@ -273,7 +272,7 @@ def test_window_packing_pathological(grid, cfg):
 
 @pytest.mark.parametrize("cfg", WINDOWED + [QWEN2_VL_2B], ids=["win112", "win56", "qwen2vl"])
 def test_single_images_bucket_depends_on_patches_only(cfg):
-    """Every single image h, w even in [2, 64]: W_pad == typical(N_pad) and KB == num_blocks, so
+    """Every single image h, w even in [2, 64]: W_pad == typical(N_pad) and K == N_pad, so
     the bucket is a function of N_pad and a stream of images compiles at most one program per rung."""
     policy = BucketPolicy()
     by_rung = {}
@@ -281,7 +280,7 @@ def test_single_images_bucket_depends_on_patches_only(cfg):
         for w in range(2, 65, 2):
             bk = make_plan([[1, h, w]], cfg, policy).bucket
             assert bk.windows == typical_windows(bk.patches, cfg)
-            assert bk.key_blocks == bk.patches // bk.block
+            assert bk.key_rows == bk.patches and bk.tiles == bk.patches // bk.block
             assert by_rung.setdefault(bk.patches, bk) == bk
     assert sorted(by_rung) == policy.rungs(64 * 64)  # 16 .. 4096: every rung is hit
 
@@ -295,29 +294,36 @@ def test_window_packing_examples():
     assert sorted(set(plan.window_ids[16].tolist()) - {-1}) == [4, 9]
 
 
-def test_padding_tail_does_not_inflate_key_blocks():
+def test_padding_tail_does_not_inflate_key_rows():
     plan = make_plan([[1, 34, 34]], QWEN2_5_VL_3B)  # N = 1156 -> N_pad = 1536: two pure-padding blocks
     assert plan.bucket.patches == 1536 and plan.bucket.block == 128 and plan.bucket.tiles == 12
-    block, first, last, start, count = tile_table(plan)
-    assert start[-2:].tolist() == [10, 11] and count[-2:].tolist() == [0, 0] and (first > last)[-2:].all()
-    assert count[:10].tolist() == [10] * 10
-    assert plan.bucket.key_blocks == 12  # coarse 12, == N_pad // block
+    block, first, last, start = tile_table(plan)
+    assert start.tolist() == [0] * 12 and (first > last)[-2:].all() and (first <= last)[:10].all()
+    assert plan.bucket.key_rows == 1536  # 128 * coarse(ceil(1156 / 128) = 10) = 1536 == N_pad
 
 
 def test_multi_frame_tiles():
-    # Frames of 1296 rows span 11 blocks of 128 (the block straddling two frames would need 21);
+    # Frames of 1296 rows need 11 blocks of keys (a block straddling two frames would need 21);
     # the 8 blocks straddling two frames (frame 8 starts at row 10368 = 81 * 128) get one tile per
-    # frame: 8 extra tiles, 11 key blocks each (KB = coarse(11) = 12).
+    # frame: 8 extra tiles, every window K = 128 * coarse(11) = 1536 rows from its frame's first row.
     plan = make_plan([[10, 36, 36]], QWEN2_5_VL_3B)
-    block, first, last, start, count = tile_table(plan)
+    block, first, last, start = tile_table(plan)
     straddling = [i for i in range(102) if (i * 128) // 1296 != min(i * 128 + 127, 12959) // 1296]
     assert len(straddling) == 8
-    assert plan.bucket.patches == 16384 and plan.bucket.key_blocks == 12 and plan.bucket.tiles == 128 + 8
-    assert sorted(set(count.tolist())) == [0, 11] and (first == last)[count > 0].all()
+    assert plan.bucket.patches == 16384 and plan.bucket.key_rows == 1536 and plan.bucket.tiles == 128 + 8
+    used = first <= last
+    assert (first == last)[used].all() and (start[used] == first[used] * 1296).all()
     assert block[128:].tolist() == straddling
-    # Small frames (36 rows) share a tile: one tile per block over <= 2 key blocks wins.
+    # Recurring (tight): rows rounded to 102 blocks of 128, windows of exactly one frame's 1296 rows.
+    tight = make_plan([[10, 36, 36]], QWEN2_5_VL_3B, BucketPolicy(tight=True))
+    assert (tight.bucket.patches, tight.bucket.key_rows, tight.bucket.tiles) == (13056, 1296, 102 + 8)
+    cu = np.arange(11) * 1296
+    check_tiles(tile_table(tight), cu, 12960, 128, 102, tight.bucket, tight=True)
+    # Small frames (36 rows) share tiles: runs of 3 frames (108 rows) in 128-row windows, 12 blocks
+    # + 8 extra tiles (20 x 128 key rows) beat one tile per block over its frames (12 x 256).
     plan = make_plan([[30, 6, 6]], QWEN2_5_VL_3B)
-    assert plan.bucket.tiles == plan.bucket.patches // plan.bucket.block
+    block, first, last, start = tile_table(plan)
+    assert (plan.bucket.key_rows, plan.bucket.tiles) == (128, 12 + 8) and (last - first).max() == 2
 
 
 def test_non_windowed_plan():

@@ -18,7 +18,7 @@ to the device as one pytree; the jitted forward only ever sees bucket shapes. Re
 
 Rows stay in the ORIGINAL pixel_values order (no permutation of the residual stream): full
 attention uses per-row frame ids plus a tile table (query blocks, split where they straddle long
-frames, with their key-block ranges), window attention gathers rows into fixed-size slots (whole
+frames, with the key window of their frames' rows), window attention gathers rows into fixed-size slots (whole
 windows packed by best-fit decreasing, told apart by window id) and scatters them back.
 """
 

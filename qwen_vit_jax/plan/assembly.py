@@ -136,19 +136,20 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
     n_pad = policy.padded_rows(n)
+    tight = policy.tight and n > policy.min_patches  # as padded_rows: small chunks keep the ladder's bucket
     block = policy.block_size(n_pad)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches
     window = cfg.window_merge if cfg.windowed else 0  # Qwen2-VL, or Qwen2.5-VL without window layers
     # buffer size bound: W_pad <= w_worst; T <= NB + coarse(extras) <= NB + 4 F (a block's extra
     # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
-    out = POOL.take(4 * n_pad + 2 * w_worst * s + 5 * (n_pad // block + 4 * n_frames))
-    buf, w_pad, kb, n_tiles = kernels.build_plan(
-        g, cfg.spatial_merge_size, window, s, n_pad, block, w_typical, w_worst, out
+    out = POOL.take(4 * n_pad + 2 * w_worst * s + 4 * (n_pad // block + 4 * n_frames))
+    buf, w_pad, key_rows, n_tiles = kernels.build_plan(
+        g, cfg.spatial_merge_size, window, s, n_pad, block, tight, w_typical, w_worst, out
     )
     buf.setflags(write=False)  # before slicing: the views inherit it
     pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)
-    tiles = buf[slot_end:tiles_end].reshape(5, n_tiles)
+    tiles = buf[slot_end:tiles_end].reshape(4, n_tiles)
     tokens, ids = buf[tiles_end:tokens_end].reshape(w_pad, s), buf[tokens_end:size].reshape(w_pad, s)
     if cfg.num_position_embeddings:  # Qwen3: the table's resampling (posembed caches it by grid too)
         pe_rows = n_pad
@@ -159,7 +160,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
         bucket=Bucket(
             patches=n_pad,
             windows=w_pad,
-            key_blocks=kb,
+            key_rows=key_rows,
             block=block,
             tiles=n_tiles,
             window_rows=s,
@@ -174,7 +175,6 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
         tile_first_frame=tiles[1],
         tile_last_frame=tiles[2],
         tile_key_start=tiles[3],
-        tile_key_count=tiles[4],
         span=_span(0, n, n),
         pos_embed_index=pe_index,
         pos_embed_weight=pe_weight,

@@ -2,9 +2,9 @@
 
 Every distinct `Bucket` is a compiled program, so buckets are few by construction: N_pad comes from a
 coarse geometric ladder (2 rungs per octave by default), W_pad is a function of N_pad for all
-ordinary inputs, and KB = T = N_pad / block for single frames, so a stream of single images compiles
-at most one program per rung. A request above the per-program token budget (`max_patches`) is cut
-at frame boundaries into chunks that each fill a rung well (`split_grid`).
+ordinary inputs, and K = N_pad, T = N_pad / block for single frames, so a stream of single images
+compiles at most one program per rung. A request above the per-program token budget (`max_patches`)
+is cut at frame boundaries into chunks that each fill a rung well (`split_grid`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Bucket:
 
     patches: int  # padded patch rows N_pad: a rung of the policy's ladder
     windows: int  # window slots W_pad (0 when the config has no windows)
-    key_blocks: int  # KB: key blocks each attention tile visits, 1 <= KB <= patches // block
-    block: int  # rows per query / key block of full attention (a multiple of 4, divides patches)
+    key_rows: int  # K: rows of every full-attention tile's key window, 1 <= K <= patches
+    block: int  # rows per query block of full attention (a multiple of 4, divides patches)
     tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
     window_rows: int = 0  # S: rows per window slot (cfg.window_patches; 0 without a window size)
     pos_embed_rows: int = 0  # rows of the position-table plan: `patches` with a learned table (Qwen3), else 0
@@ -50,9 +50,10 @@ class BucketPolicy:
     larger requests at frame boundaries (`split_grid`).
 
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
-    rung (`padded_rows`): for sizes that recur (the encoder switches a grid to it once the grid
-    repeats), where one more program pays for itself. The split into chunks still follows the
-    ladder.
+    rung (`padded_rows`), and sizes its attention tiles to the chunk's frames (kernels.choose_tiles;
+    a chunk of at most min_patches rows keeps the ladder's bucket): for sizes that recur (the
+    encoder switches a grid to it once the grid repeats), where one more program pays for itself.
+    The split into chunks still follows the ladder.
     """
 
     block: int = 128

@@ -23,7 +23,7 @@ class Plan:
     moves every array in one call; `Plan.abstract(bucket)` is the shape-only plan of a bucket, for
     ahead-of-time compiles. Host arrays are read-only (plans are shared through the cache).
     N = n_patches, N_pad = bucket.patches, B = bucket.block,
-    S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, KB = bucket.key_blocks.
+    S = bucket.window_rows, W_pad = bucket.windows, T = bucket.tiles, K = bucket.key_rows.
 
     Rows stay in the request's original order (frames contiguous, each run of merge_unit rows one
     merge unit); rows N .. N_pad - 1 are padding.
@@ -33,10 +33,10 @@ class Plan:
     window id (window_ids[q] == window_ids[k] != -1).
 
     Full attention: tile t is query block tile_block[t] restricted to frames tile_first_frame[t] ..
-    tile_last_frame[t], whose keys lie in the tile_key_count[t] (<= KB) key blocks from
-    tile_key_start[t]. Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest are extra tiles
-    for blocks that straddle frames (attention.segment_attention adds them back). An empty tile has
-    first frame 0, last frame -1 and key count 0.
+    tile_last_frame[t], whose keys all lie in the K rows from tile_key_start[t] (its key window,
+    inside the bucket's rows). Tiles 0 .. N_pad / B - 1 are the blocks in order; the rest are extra
+    tiles for blocks that straddle frames (attention.segment_attention adds them back). An empty
+    tile has first frame 0, last frame -1 and window start 0.
 
     `grid_thw` (this chunk's grid) is host-only: a Plan rebuilt from its leaves (after
     `jax.device_put`, or inside a traced function) has grid_thw None. `span` travels as a leaf, so
@@ -52,8 +52,7 @@ class Plan:
     tile_block: np.ndarray  # int32 [T] query block of each full-attention tile
     tile_first_frame: np.ndarray  # int32 [T] first frame of the tile's run of frames
     tile_last_frame: np.ndarray  # int32 [T] last frame of the run (-1: empty tile)
-    tile_key_start: np.ndarray  # int32 [T] first key block of the tile's frames
-    tile_key_count: np.ndarray  # int32 [T] key blocks of the tile's frames (0..KB)
+    tile_key_start: np.ndarray  # int32 [T] first row of the tile's key window (0 .. N_pad - K)
     span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
     # The learned position table's bilinear resampling (Qwen3-VL / Qwen3.5, posembed.py): per row 4
     # table rows and their weights; padding rows index 0, weight 0. P = bucket.pos_embed_rows
@@ -72,7 +71,6 @@ class Plan:
         "tile_first_frame",
         "tile_last_frame",
         "tile_key_start",
-        "tile_key_count",
         "span",
         "pos_embed_index",
         "pos_embed_weight",
@@ -92,7 +90,6 @@ class Plan:
             tile_first_frame=(t,),
             tile_last_frame=(t,),
             tile_key_start=(t,),
-            tile_key_count=(t,),
             span=(3,),
             pos_embed_index=(bucket.pos_embed_rows, 4),
             pos_embed_weight=(bucket.pos_embed_rows, 4),

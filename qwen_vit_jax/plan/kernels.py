@@ -259,25 +259,34 @@ def frame_blocks(starts, block):
 
 
 @numba.njit(cache=True)
-def group_tiles(first_block, last_block, n_blocks, key_blocks, tiles):
-    """Cut every query block's frames into tiles whose key ranges span at most `key_blocks`
-    blocks; returns the number of extra tiles (tiles beyond one per block).
+def align_up(n, a):
+    """The least multiple of a >= n."""
+    return -(-n // a) * a
 
-    first_block / last_block: int64 [F] (frame_blocks). A tile is (query block, a run of
-    consecutive frames with rows in it): its key range runs from the first block of its first
-    frame to the last block of its last one. Greedy per block: a frame joins the current run while
-    the run's range stays within key_blocks (>= the span of any single frame). Block i's first run
+
+@numba.njit(cache=True)
+def group_tiles(starts, first_block, last_block, n_blocks, n_pad, key_rows, tiles):
+    """Cut every query block's frames into tiles whose keys fit a window of `key_rows` rows;
+    returns the number of extra tiles (tiles beyond one per block).
+
+    starts: int64 [F + 1] (frame_starts); first_block / last_block: int64 [F] (frame_blocks). A
+    tile is (query block, a run of consecutive frames with rows in it); its keys are the rows from
+    its first frame's first row to its last frame's last row. Greedy per block: a frame joins the
+    current run while the run's rows stay within key_rows (>= any single frame). Block i's first run
     is tile i, its other runs are extra tiles n_blocks, n_blocks + 1, ... in block order. A block
     without frames (pure padding) gets an empty tile i.
 
-    tiles: int32 [5, T] (rows: block, first frame, last frame, first key block, key block count),
-    T >= n_blocks + extras, or an empty [5, 0] array to only count. An empty tile has first frame
-    0, last frame -1 and count 0; unused extra tiles stay empty.
+    tiles: int32 [4, T] (rows: block, first frame, last frame, key window start), T >= n_blocks +
+    extras, or an empty [4, 0] array to only count. The key window is the key_rows rows from its
+    start: the run's first row, moved left where the window would pass n_pad, so it always holds
+    the run. An empty tile has first frame 0, last frame -1 and window start 0; unused extra tiles
+    stay empty.
     """
     fill = tiles.shape[1] > 0
     if fill:
         for t in range(tiles.shape[1]):
-            tiles[0, t], tiles[1, t], tiles[2, t], tiles[3, t], tiles[4, t] = 0, 0, -1, 0, 0
+            tiles[0, t], tiles[1, t], tiles[2, t], tiles[3, t] = 0, 0, -1, 0
+    last_start = n_pad - key_rows  # the window's last possible start
     n_frames = first_block.shape[0]
     extra = 0
     first_open = 0  # first frame that ends in or after block i
@@ -285,41 +294,46 @@ def group_tiles(first_block, last_block, n_blocks, key_blocks, tiles):
         while first_open < n_frames and last_block[first_open] < i:
             first_open += 1
         if fill:
-            tiles[0, i], tiles[3, i] = i, i
+            tiles[0, i] = i
         f = first_open
         runs = 0
         while f < n_frames and first_block[f] <= i:  # one run of frames per iteration
-            key_start, run_first, run_last = first_block[f], f, f
+            key_start, run_first = starts[f], f
             f += 1
-            while f < n_frames and first_block[f] <= i and last_block[f] - key_start + 1 <= key_blocks:
-                run_last = f
+            while f < n_frames and first_block[f] <= i and starts[f + 1] - key_start <= key_rows:
                 f += 1
             t = i if runs == 0 else n_blocks + extra
             if fill:
-                tiles[0, t], tiles[1, t], tiles[2, t] = i, run_first, run_last
-                tiles[3, t], tiles[4, t] = key_start, last_block[run_last] - key_start + 1
+                tiles[0, t], tiles[1, t], tiles[2, t] = i, run_first, f - 1
+                tiles[3, t] = min(key_start, last_start)
             if runs > 0:
                 extra += 1
             runs += 1
     return extra
 
 
-@numba.njit(cache=True)
-def choose_tiles(first_block, last_block, n_blocks):
-    """(KB, T): the key-block trip count and the tile count of full attention, chosen to minimise
-    T * KB (the blocks of attention computed per full layer), ties to fewer tiles.
+KEY_ALIGN = 16  # rows: a tight bucket's key window is its widest run rounded up to this
 
-    first_block / last_block: int64 [F] (frame_blocks). Candidates: KB on the coarse ladder from the
-    widest single frame's span up to the widest block's union of frames (capped at n_blocks; with
-    that one, T == n_blocks: one tile per block, no extras). T = n_blocks + coarse(extras). A single
-    frame always gives T == n_blocks: every block holds one frame.
+
+@numba.njit(cache=True)
+def choose_tiles(starts, first_block, last_block, n_blocks, block, n_pad, tight):
+    """(K, T): the key rows of every tile's window and the tile count of full attention, chosen to
+    minimise T * K (the attention computed per full layer), ties to fewer tiles.
+
+    starts: int64 [F + 1] (frame_starts); first_block / last_block: int64 [F] (frame_blocks).
+    Candidates run from the widest frame up to the widest block's union of frames (rows from the
+    first row of its first frame to the last row of its last; with that K, T == n_blocks: one tile
+    per block, no extras), capped at n_pad. Ladder buckets (not `tight`) keep programs few: K is
+    `block` times a coarse-ladder value and T = n_blocks + coarse(extras), so a single frame in its
+    rung gets K = n_pad. Tight buckets are one program per recurring grid anyway: K is the widest
+    frame rounded up to KEY_ALIGN rows (then 1.25x steps) and T = n_blocks + extras exactly.
     """
     n_frames = first_block.shape[0]
-    no_tiles = np.empty((5, 0), np.int32)
+    no_tiles = np.empty((4, 0), np.int32)
     widest_frame = 1
     for f in range(n_frames):
-        widest_frame = max(widest_frame, last_block[f] - first_block[f] + 1)
-    widest_union = 1
+        widest_frame = max(widest_frame, starts[f + 1] - starts[f])
+    widest_union = widest_frame
     first_open = 0  # first frame that ends in or after block i
     for i in range(n_blocks):
         while first_open < n_frames and last_block[first_open] < i:
@@ -328,50 +342,59 @@ def choose_tiles(first_block, last_block, n_blocks):
         while last_open + 1 < n_frames and first_block[last_open + 1] <= i:
             last_open += 1
         if first_open < n_frames and first_block[first_open] <= i:
-            widest_union = max(widest_union, last_block[last_open] - first_block[first_open] + 1)
-    best_kb, best_t = min(coarse(widest_union), n_blocks), n_blocks
-    kb = coarse(widest_frame)
-    while kb < best_kb:
-        t = n_blocks + coarse(group_tiles(first_block, last_block, n_blocks, kb, no_tiles))
-        if t * kb < best_t * best_kb:
-            best_kb, best_t = kb, t
-        kb = coarse(kb + 1)
-    return best_kb, best_t
+            widest_union = max(widest_union, starts[last_open + 1] - starts[first_open])
+    if tight:
+        k = min(align_up(widest_frame, KEY_ALIGN), n_pad)
+        best_k = min(align_up(widest_union, KEY_ALIGN), n_pad)
+    else:
+        k = min(block * coarse(-(-widest_frame // block)), n_pad)
+        best_k = min(block * coarse(-(-widest_union // block)), n_pad)
+    best_t = n_blocks
+    while k < best_k:
+        extras = group_tiles(starts, first_block, last_block, n_blocks, n_pad, k, no_tiles)
+        t = n_blocks + (extras if tight else coarse(extras))
+        if t * k < best_t * best_k:
+            best_k, best_t = k, t
+        if tight:
+            k = min(align_up(k + k // 4, KEY_ALIGN), n_pad)
+        else:
+            k = min(block * coarse(k // block + 1), n_pad)
+    return best_k, best_t
 
 
 # ---- one plan --------------------------------------------------------------------------------------
 @numba.njit(cache=True)
 def buffer_layout(n_pad, n_tiles, w_pad, slot_rows):
     """Where each array of a plan lies in its int32 buffer: the end offsets of
-        pos [N_pad, 2] | seg [N_pad] | row_slot [N_pad] | tiles [5, T] | tokens [W_pad, S] | ids [W_pad, S]
+        pos [N_pad, 2] | seg [N_pad] | row_slot [N_pad] | tiles [4, T] | tokens [W_pad, S] | ids [W_pad, S]
     (each starts where the previous ends; the last end is the buffer's size). The only definition
     of the layout: build_plan writes by it and assembly reads by it (through `.py_func`, plain
     Python)."""
     pos_end = 2 * n_pad
     seg_end = pos_end + n_pad
     slot_end = seg_end + n_pad
-    tiles_end = slot_end + 5 * n_tiles
+    tiles_end = slot_end + 4 * n_tiles
     tokens_end = tiles_end + w_pad * slot_rows
     return pos_end, seg_end, slot_end, tiles_end, tokens_end, tokens_end + w_pad * slot_rows
 
 
 @numba.njit(cache=True)
-def build_plan(grid, merge, window, slot_rows, n_pad, block, w_typical, w_worst, out):
+def build_plan(grid, merge, window, slot_rows, n_pad, block, tight, w_typical, w_worst, out):
     """Every int32 array of one plan, in one buffer laid out by buffer_layout; returns
-    (buffer, W_pad, KB, T).
+    (buffer, W_pad, K, T).
 
     grid: int64 [k, 3] (N real rows); window: side in merge units (0: no window attention,
     W_pad = 0); slot_rows: S; n_pad, block: the bucket's rows and block size; w_typical / w_worst:
     typical_windows / worst_windows of n_pad. W_pad is w_typical whenever the packing fits it, else
-    w_worst (always enough). KB and T: choose_tiles. The buffer is the front of `out` when that is
-    large enough (a recycled block of the plan buffer pool, whose pages are already mapped), else a
-    new array. One buffer, not six arrays: numba returns (boxes) one array instead of six, which
-    is most of an image's plan time.
+    w_worst (always enough). K and T: choose_tiles (`tight`: the bucket is the grid's own). The
+    buffer is the front of `out` when that is large enough (a recycled block of the plan buffer
+    pool, whose pages are already mapped), else a new array. One buffer, not six arrays: numba
+    returns (boxes) one array instead of six, which is most of an image's plan time.
     """
     n_blocks = n_pad // block
     starts = frame_starts(grid)
     first_block, last_block = frame_blocks(starts, block)
-    kb, n_tiles = choose_tiles(first_block, last_block, n_blocks)
+    key_rows, n_tiles = choose_tiles(starts, first_block, last_block, n_blocks, block, n_pad, tight)
     windows = window_table(grid, merge, window) if window > 0 else np.empty((0, 6), np.int64)
     win_slot = np.empty(windows.shape[0], np.int64)
     n_slots = w_pad = 0
@@ -391,7 +414,7 @@ def build_plan(grid, merge, window, slot_rows, n_pad, block, w_typical, w_worst,
     pad = seg[starts[-1] :]
     for q in range(pad.shape[0]):
         pad[q] = -1
-    group_tiles(first_block, last_block, n_blocks, kb, buf[slot_end:tiles_end].reshape(5, n_tiles))
+    group_tiles(starts, first_block, last_block, n_blocks, n_pad, key_rows, buf[slot_end:tiles_end].reshape(4, n_tiles))
     row_slot = buf[seg_end:slot_end]
     if window > 0:
         fill_window_slots(
@@ -400,7 +423,7 @@ def build_plan(grid, merge, window, slot_rows, n_pad, block, w_typical, w_worst,
     else:
         for q in range(n_pad):
             row_slot[q] = 0
-    return buf, w_pad, kb, n_tiles
+    return buf, w_pad, key_rows, n_tiles
 
 
 # ---- splitting a request -----------------------------------------------------------------------------
