@@ -134,9 +134,9 @@ def _rounds(size: np.ndarray, n_devices: int, policy: planlib.BucketPolicy) -> l
     the device holds a single larger frame. Among r = the fewest rounds that allow it .. 4 more
     (rounds of near-equal rows, batching.split_even), the cut with the least
     sum(padded_rows(busiest device's rows)) + chunk_penalty per round wins (ties: fewer rounds): the
-    ladder is coarse, so one more round can pad much less (100 frames of 1296 rows on 8 devices:
-    one round of 13 frames on the busiest device pads to 24576 rows, five rounds of 3 frames
-    to 5 x 4096).
+    ladder is geometric, so one more round can pad much less (100 frames of 1296 rows on 8 devices:
+    one round of 13 frames on the busiest device pads to 20480 rows, two rounds of 7 frames to
+    2 x 10240).
     """
     from qwen_vit_jax.batching import split_even
 

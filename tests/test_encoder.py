@@ -209,10 +209,10 @@ def test_recurring_grid_gets_a_tight_bucket(enc):
     """A grid seen before runs in rows rounded to its blocks, not the ladder's next rung: one more
     program, the same embeddings (padding invariance), and cost_report says so in advance."""
     cfg = enc.cfg
-    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1536 rung, tight 1080 = 9 blocks of 120
+    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1280 rung, tight 1080 = 9 blocks of 120
     px = np.random.default_rng(0).standard_normal((1080, cfg.patch_dim)).astype(np.float32)
     before = enc.compile_count
-    assert enc.cost_report(grid)["padded_patches"] == 1536
+    assert enc.cost_report(grid)["padded_patches"] == 1280
     first = enc.encode(px, grid)
     assert enc.cost_report(grid)["buckets"][0]["patches"] == 1080
     outs = [enc.encode(px, grid) for _ in range(7)]
@@ -221,7 +221,7 @@ def test_recurring_grid_gets_a_tight_bucket(enc):
         assert np.linalg.norm(out - first) <= 1e-6 * np.linalg.norm(first)
     ladder = qvj.VisionEncoder(cfg, random_params(cfg), tight_after=None)
     ladder.encode(px, grid)
-    assert ladder.cost_report(grid)["padded_patches"] == 1536
+    assert ladder.cost_report(grid)["padded_patches"] == 1280
 
 
 def test_tight_rows():

@@ -295,11 +295,11 @@ def test_window_packing_examples():
 
 
 def test_padding_tail_does_not_inflate_key_rows():
-    plan = make_plan([[1, 34, 34]], QWEN2_5_VL_3B)  # N = 1156 -> N_pad = 1536: two pure-padding blocks
+    plan = make_plan([[1, 36, 36]], QWEN2_5_VL_3B)  # N = 1296 -> N_pad = 1536: one pure-padding block
     assert plan.bucket.patches == 1536 and plan.bucket.block == 128 and plan.bucket.tiles == 12
     block, first, last, start = tile_table(plan)
-    assert start.tolist() == [0] * 12 and (first > last)[-2:].all() and (first <= last)[:10].all()
-    assert plan.bucket.key_rows == 1536  # 128 * coarse(ceil(1156 / 128) = 10) = 1536 == N_pad
+    assert start.tolist() == [0] * 12 and (first > last)[-1] and (first <= last)[:11].all()
+    assert plan.bucket.key_rows == 1536  # 128 * coarse(ceil(1296 / 128) = 11) = 1536 == N_pad
 
 
 def test_multi_frame_tiles():
@@ -310,20 +310,20 @@ def test_multi_frame_tiles():
     block, first, last, start = tile_table(plan)
     straddling = [i for i in range(102) if (i * 128) // 1296 != min(i * 128 + 127, 12959) // 1296]
     assert len(straddling) == 8
-    assert plan.bucket.patches == 16384 and plan.bucket.key_rows == 1536 and plan.bucket.tiles == 128 + 8
+    assert plan.bucket.patches == 14336 and plan.bucket.key_rows == 1536 and plan.bucket.tiles == 112 + 8
     used = first <= last
     assert (first == last)[used].all() and (start[used] == first[used] * 1296).all()
-    assert block[128:].tolist() == straddling
+    assert block[112:].tolist() == straddling
     # Recurring (tight): rows rounded to 102 blocks of 128, windows of exactly one frame's 1296 rows.
     tight = make_plan([[10, 36, 36]], QWEN2_5_VL_3B, BucketPolicy(tight=True))
     assert (tight.bucket.patches, tight.bucket.key_rows, tight.bucket.tiles) == (13056, 1296, 102 + 8)
     cu = np.arange(11) * 1296
     check_tiles(tile_table(tight), cu, 12960, 128, 102, tight.bucket, tight=True)
-    # Small frames (36 rows) share tiles: runs of 3 frames (108 rows) in 128-row windows, 12 blocks
-    # + 8 extra tiles (20 x 128 key rows) beat one tile per block over its frames (12 x 256).
+    # Small frames (36 rows) share tiles: runs of 3 frames (108 rows) in 128-row windows, 10 blocks
+    # + 8 extra tiles (18 x 128 key rows) beat one tile per block over its frames (10 x 256).
     plan = make_plan([[30, 6, 6]], QWEN2_5_VL_3B)
     block, first, last, start = tile_table(plan)
-    assert (plan.bucket.key_rows, plan.bucket.tiles) == (128, 12 + 8) and (last - first).max() == 2
+    assert (plan.bucket.key_rows, plan.bucket.tiles) == (128, 10 + 8) and (last - first).max() == 2
 
 
 def test_non_windowed_plan():
@@ -367,8 +367,8 @@ def test_plan_cache_and_read_only():
     assert again == plans and again is not plans and all(a is b for a, b in zip(again, plans))
     # Chunks with the same frame sequence share one plan's arrays, each with its own grid.
     plans = make_plans([[10, 36, 36]] * 10, QWEN2_5_VL_3B)
-    full = [p for p in plans if p.n_patches == 12 * 1296]
-    assert len(full) == 8 and len({p.grid_thw.tobytes() for p in full}) > 1
+    full = [p for p in plans if p.n_patches == 11 * 1296]
+    assert len(full) == 9 and len({p.grid_thw.tobytes() for p in full}) > 1
     assert all(p.pos_ids is full[0].pos_ids and p.window_ids is full[0].window_ids for p in full)
     assert all(not p.grid_thw.flags.writeable for p in plans)
     with pytest.raises(ValueError, match="read-only"):
@@ -428,12 +428,22 @@ def test_plans_in_recycled_buffers(monkeypatch):
 
 
 # ---- buckets -----------------------------------------------------------------------------------
+def octave_density(policy: BucketPolicy, r: int) -> int:
+    """Rungs per octave of the ladder in the octave holding r (the documented rule: per_octave from
+    dense_from up, half as many per factor of 4 below, at least 1)."""
+    base, p, below = 2 ** (int(r).bit_length() - 1), policy.per_octave, policy.dense_from
+    while base < below and p > 1:
+        p, below = p // 2, below // 4
+    return p
+
+
 @pytest.mark.parametrize(
     "policy",
     [
         BucketPolicy(),
-        BucketPolicy(per_octave=1),
-        BucketPolicy(per_octave=4),
+        BucketPolicy(per_octave=1, dense_from=0),
+        BucketPolicy(per_octave=2, dense_from=0),
+        BucketPolicy(per_octave=8, dense_from=4096),
         BucketPolicy(block=64, per_octave=3, min_patches=20),
         BucketPolicy(block=4),
     ],
@@ -446,7 +456,9 @@ def test_ladder(policy):
         blk, nb = policy.block_size(r), -(-r // policy.block)
         assert blk * nb == r and blk % 4 == 0 and blk <= policy.block
     # geometric: within one rounding / snapping step of (1 + 1/p) per rung, p rungs per octave
-    assert all(nxt <= r * (1 + 1 / p) + 4 * -(-nxt // policy.block) for r, nxt in zip(rungs, rungs[1:]))
+    # where p is the octave's density
+    for r, nxt in zip(rungs, rungs[1:]):
+        assert nxt <= r * (1 + 1 / octave_density(policy, r)) + 4 * -(-nxt // policy.block)
     assert len(rungs) <= p * (np.log2(10**6 / policy.min_patches) + 1) + 1
     ns = np.unique(np.geomspace(1, 10**6, 3000).astype(int))
     vals = [policy.rung(int(n)) for n in ns]
@@ -456,31 +468,17 @@ def test_ladder(policy):
 
 
 def test_ladder_values():
+    # The default: 1 rung per octave below 256, 2 up to 1024, 4 from there.
     assert BucketPolicy().rungs(20000) == [
-        64,
-        96,
-        128,
-        192,
-        256,
-        384,
-        512,
-        768,
-        1024,
-        1536,
-        2048,
-        3072,
-        4096,
-        6144,
-        8192,
-        12288,
-        16384,
-        24576,
+        *(64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560),
+        *(3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384, 20480),
     ]
-    assert BucketPolicy(min_patches=16).rungs(64) == [16, 24, 32, 48, 64]
-    blocks = [BucketPolicy(min_patches=16).block_size(r) for r in (16, 96, 128, 192, 384, 1536)]
+    uniform = BucketPolicy(per_octave=2, dense_from=0, min_patches=16)
+    assert uniform.rungs(64) == [16, 24, 32, 48, 64]
+    blocks = [uniform.block_size(r) for r in (16, 96, 128, 192, 384, 1536)]
     assert blocks == [16, 96, 128, 96, 128, 128]
     assert BucketPolicy(per_octave=1, min_patches=16).rungs(3000) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-    four = BucketPolicy(per_octave=4, min_patches=16).rungs(700)
+    four = BucketPolicy(per_octave=4, dense_from=0, min_patches=16).rungs(700)
     assert four[:13] == [16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128]
     assert four[13:] == [160, 192, 224, 256, 324, 384, 448, 512, 640, 768]  # 320 = 3 blocks of 106.7: snapped
     assert BucketPolicy().rung(2**30) >= 2**30  # every valid grid has a rung
@@ -623,9 +621,9 @@ def test_split_oversized_frames():
 
 
 def test_split_cuts_inside_video_rows():
-    # 13 frames of 1296: 12 (15552 -> 16384) + 1 (1536); the cut falls inside the last video.
+    # 13 frames of 1296: 11 (14256 -> 14336) + 2 (2592 -> 3072); the cut falls inside the last video.
     chunks = check_split([[2, 36, 36], [7, 36, 36], [4, 36, 36]], QWEN2_5_VL_3B, BucketPolicy())
-    assert [c.tolist() for c in chunks] == [[[2, 36, 36], [7, 36, 36], [3, 36, 36]], [[1, 36, 36]]]
+    assert [c.tolist() for c in chunks] == [[[2, 36, 36], [7, 36, 36], [2, 36, 36]], [[2, 36, 36]]]
     assert padded_ratio(chunks) <= 1.1
     chunks = check_split([[2, 36, 36], [7, 20, 20], [4, 36, 36], [3, 36, 36]], QWEN2_5_VL_3B, BucketPolicy())
     assert padded_ratio(chunks) <= 1.1 and any(len(c) > 1 for c in chunks)

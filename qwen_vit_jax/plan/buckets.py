@@ -1,8 +1,8 @@
 """Static shapes: the bucket ladder, window-slot counts, and splitting requests into chunks.
 
 Every distinct `Bucket` is a compiled program, so buckets are few by construction: N_pad comes from a
-coarse geometric ladder (2 rungs per octave by default), W_pad is a function of N_pad for all
-ordinary inputs, and K = N_pad, T = N_pad / block for single frames, so a stream of single images
+geometric ladder (1 to 4 rungs per octave by default, denser for larger inputs), W_pad is a function
+of N_pad for all ordinary inputs, and K = N_pad, T = N_pad / block for single frames, so a stream of single images
 compiles at most one program per rung. A request above the per-program token budget (`max_patches`)
 is cut at frame boundaries into chunks that each fill a rung well (`split_grid`).
 """
@@ -37,17 +37,22 @@ class Bucket:
 class BucketPolicy:
     """How real sizes round up to bucket sizes.
 
-    The N_pad ladder is geometric with `per_octave` rungs per doubling: 2^k * (1 + j / per_octave),
-    j = 0 .. per_octave - 1, rounded up to a multiple of 4, from `min_patches` up (default: 64, 96,
-    128, 192, 256, ...). The default `min_patches` is 64, not smaller, for exactness: XLA's CPU dot
-    takes another kernel (another summation order) below ~60 rows, so a tiny image in a tiny
-    bucket would differ (~1e-6) from the same image in a larger one; from 64 rows up every row's
-    result is bitwise independent of the row count (docs/numerics.md). A rung of N_pad rows is cut
-    into ceil(N_pad / block) equal blocks of a multiple of 4 rows (merge units never straddle a
-    block); a rung for which that does not divide is snapped up to the next size that does. Coarse
-    on purpose: every distinct rung is a compiled program, and the mean padding of a ratio-r ladder
-    is only ~(r - 1) / 2. `max_patches` is the token budget of one program: `make_plans` splits
-    larger requests at frame boundaries (`split_grid`).
+    The N_pad ladder is geometric: `per_octave` rungs per doubling from `dense_from` rows up, half
+    as many for each factor of 4 below it (never fewer than one), i.e. 2^k * (1 + j / p), j = 0 ..
+    p - 1, rounded up to a multiple of 4, from `min_patches` up. Default: 64, 128, 256, 384, 512,
+    768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, ... Denser where larger because
+    a rung of ratio r wastes ~(r - 1) / 2 of the work of the inputs it serves, and work grows with
+    size (rows times FLOPs per row, and attention adds per-row FLOPs as frames grow), while a
+    program costs one compile at any size: on 30 random image sizes (benchmarks/bench_compile.py)
+    this ladder compiles 12 programs and wastes 11-12% of the FLOPs, a uniform 2-per-octave one 11
+    programs and 19-23%. `dense_from=0` gives the uniform ladder. The default `min_patches` is 64,
+    not smaller, for exactness: XLA's CPU dot takes another kernel (another summation order) below
+    ~60 rows, so a tiny image in a tiny bucket would differ (~1e-6) from the same image in a larger
+    one; from 64 rows up every row's result is bitwise independent of the row count
+    (docs/numerics.md). A rung of N_pad rows is cut into ceil(N_pad / block) equal blocks of a
+    multiple of 4 rows (merge units never straddle a block); a rung for which that does not divide
+    is snapped up to the next size that does. `max_patches` is the token budget of one program:
+    `make_plans` splits larger requests at frame boundaries (`split_grid`).
 
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
     rung (`padded_rows`), and sizes its attention tiles to the chunk's frames (kernels.choose_tiles;
@@ -57,7 +62,8 @@ class BucketPolicy:
     """
 
     block: int = 128
-    per_octave: int = 2
+    per_octave: int = 4
+    dense_from: int = 1024
     min_patches: int = 64
     max_patches: int = 16384
     tight: bool = False
@@ -70,6 +76,8 @@ class BucketPolicy:
             raise ValueError(f"BucketPolicy.block must be a positive multiple of 4, got {self.block!r}")
         if not is_int(self.per_octave) or self.per_octave < 1:
             raise ValueError(f"BucketPolicy.per_octave must be an int >= 1, got {self.per_octave!r}")
+        if not is_int(self.dense_from) or self.dense_from < 0:
+            raise ValueError(f"BucketPolicy.dense_from must be an int >= 0, got {self.dense_from!r}")
         if not is_int(self.min_patches) or self.min_patches <= 0 or self.min_patches % 4:
             raise ValueError(f"BucketPolicy.min_patches must be a positive multiple of 4, got {self.min_patches!r}")
         if not is_int(self.max_patches) or self.max_patches < self.min_patches:
@@ -121,10 +129,12 @@ def rung_table(policy: BucketPolicy) -> tuple[int, ...]:
     """The ladder from min_patches until past 2 * MAX_PATCHES (every valid grid has a rung), as
     Python ints: `rung` bisects it on every uncached plan (~0.2 us; np.searchsorted ~1.5 us, ~10%
     of an image's plan)."""
-    p = policy.per_octave
     rungs = [_snap(policy.min_patches, policy.block)]
     k = 0
     while rungs[-1] < 2 * MAX_PATCHES:
+        p, below = policy.per_octave, policy.dense_from
+        while 2**k < below and p > 1:  # half the rungs per octave for each factor of 4 below dense_from
+            p, below = p // 2, below // 4
         for j in range(p):
             v = _snap(-(-(2**k * (p + j)) // (4 * p)) * 4, policy.block)  # ceil4(2^k (1 + j/p)), exact
             if v > rungs[-1]:
