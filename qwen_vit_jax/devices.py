@@ -99,8 +99,11 @@ def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devi
         rows = [int(size[f].sum()) for f in bins]
         n_pad = policy.padded_rows(max(rows))  # a rung (or with policy.tight a tileable size)
         # The floor makes every shard's padded rows n_pad (n_pad tiles into blocks, so the ladder
-        # from it starts at n_pad itself); the block is a function of n_pad alone, so it is shared.
-        floor = dataclasses.replace(policy, min_patches=n_pad, max_patches=max(policy.max_patches, n_pad))
+        # from it starts at n_pad itself); the block is a function of n_pad alone (a one-frame shard
+        # too: frame_block = block), so it is shared.
+        floor = dataclasses.replace(
+            policy, min_patches=n_pad, max_patches=max(policy.max_patches, n_pad), frame_block=policy.block
+        )
         plans = [planlib.make_plan(_sub_grid(f, frame_h, frame_w), cfg, floor) for f in bins]
         buckets = [p.bucket for p in plans]
         assert all(bk.patches == n_pad and bk.block == buckets[0].block for bk in buckets), buckets

@@ -209,7 +209,7 @@ def test_recurring_grid_gets_a_tight_bucket(enc):
     """A grid seen before runs in rows rounded to its blocks, not the ladder's next rung: one more
     program, the same embeddings (padding invariance), and cost_report says so in advance."""
     cfg = enc.cfg
-    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1280 rung, tight 1080 = 9 blocks of 120
+    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1280 rung, tight 1080 = 3 blocks of 360
     px = np.random.default_rng(0).standard_normal((1080, cfg.patch_dim)).astype(np.float32)
     before = enc.compile_count
     assert enc.cost_report(grid)["padded_patches"] == 1280
@@ -228,10 +228,13 @@ def test_tight_rows():
     tight = qvj.BucketPolicy(tight=True)
     assert [tight.padded_rows(n) for n in (1296, 1080, 12960, 64, 60, 65)] == [1320, 1080, 13056, 64, 64, 68]
     assert qvj.BucketPolicy().padded_rows(1296) == 1536
+    assert [tight.padded_rows(n, one_frame=True) for n in (1296, 1080, 1300, 64)] == [1296, 1080, 1300, 64]
     for n in range(65, 5000, 7):
         rows = tight.padded_rows(n)
         assert rows >= n and rows % tight.block_size(rows) == 0 and tight.block_size(rows) % 4 == 0
         assert -(-rows // tight.block) == -(-n // tight.block)  # as many blocks as n needs
+        rows = tight.padded_rows(n, one_frame=True)
+        assert n <= rows < n + 4 * -(-n // tight.frame_block) * 2 and rows % tight.block_size(rows, True) == 0
     with pytest.raises(ValueError, match="tight"):
         qvj.BucketPolicy(tight=1)
 

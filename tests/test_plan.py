@@ -94,7 +94,9 @@ def check_plan(plan, grid, cfg, policy):
     nb = n_pad // b
     assert plan.n_patches == n
     assert n_pad == policy.rung(n) and n_pad >= n and n_pad in policy.rungs(n)
-    assert b == policy.block_size(n_pad) and n_pad % b == 0 and b % 4 == 0 and nb == -(-n_pad // policy.block)
+    one_frame = len(cu) == 2
+    assert b == policy.block_size(n_pad, one_frame) and n_pad % b == 0 and b % 4 == 0
+    assert nb == -(-n_pad // policy.block) or (one_frame and b <= policy.frame_block)
     np.testing.assert_array_equal(plan.grid_thw, np.asarray(grid))
     arrays = jax.tree.leaves(plan)
     assert [type(a) for a in arrays] == [np.ndarray] * len(Plan.ARRAYS)
@@ -295,11 +297,25 @@ def test_window_packing_examples():
 
 
 def test_padding_tail_does_not_inflate_key_rows():
-    plan = make_plan([[1, 36, 36]], QWEN2_5_VL_3B)  # N = 1296 -> N_pad = 1536: one pure-padding block
-    assert plan.bucket.patches == 1536 and plan.bucket.block == 128 and plan.bucket.tiles == 12
+    plan = make_plan([[2, 24, 24]], QWEN2_5_VL_3B)  # N = 1152 -> N_pad = 1280: block 9 is pure padding
+    assert plan.bucket.patches == 1280 and plan.bucket.block == 128 and plan.bucket.tiles == 10 + 1
     block, first, last, start = tile_table(plan)
-    assert start.tolist() == [0] * 12 and (first > last)[-1] and (first <= last)[:11].all()
-    assert plan.bucket.key_rows == 1536  # 128 * coarse(ceil(1296 / 128) = 11) = 1536 == N_pad
+    assert (first > last)[9] and start[9] == 0 and (first <= last)[:9].all()
+    # K = 128 * coarse(ceil(576 / 128) = 5) = 768 from the frames, not the bucket; frame 1's window
+    # (from row 576) moves left to end at the last row.
+    assert plan.bucket.key_rows == 768 and set(start[first == 1].tolist()) == {1280 - 768}
+
+
+def test_one_frame_blocks():
+    """A chunk that is one frame gets blocks of up to frame_block rows; tight rows fit them exactly."""
+    plan = make_plan([[1, 36, 36]], QWEN2_5_VL_3B)  # 1296 rows in the 1536 rung: 3 blocks of 512
+    assert (plan.bucket.patches, plan.bucket.block, plan.bucket.tiles, plan.bucket.key_rows) == (1536, 512, 3, 1536)
+    tight = make_plan([[1, 36, 36]], QWEN2_5_VL_3B, BucketPolicy(tight=True))  # 3 blocks of 432: no padding
+    assert (tight.bucket.patches, tight.bucket.block, tight.bucket.tiles, tight.bucket.key_rows) == (1296, 432, 3, 1296)
+    policy = BucketPolicy()
+    for r in policy.rungs(16384):
+        b = policy.block_size(r, one_frame=True)
+        assert r % b == 0 and b % 4 == 0 and b <= policy.frame_block and r // b <= -(-r // policy.block)
 
 
 def test_multi_frame_tiles():

@@ -135,9 +135,9 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     call (kernels.build_plan)."""
     g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
-    n_pad = policy.padded_rows(n)
+    n_pad = policy.padded_rows(n, n_frames == 1)
     tight = policy.tight and n > policy.min_patches  # as padded_rows: small chunks keep the ladder's bucket
-    block = policy.block_size(n_pad)
+    block = policy.block_size(n_pad, n_frames == 1)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches
     window = cfg.window_merge if cfg.windowed else 0  # Qwen2-VL, or Qwen2.5-VL without window layers

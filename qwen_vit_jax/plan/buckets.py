@@ -54,6 +54,11 @@ class BucketPolicy:
     is snapped up to the next size that does. `max_patches` is the token budget of one program:
     `make_plans` splits larger requests at frame boundaries (`split_grid`).
 
+    `frame_block` is the block of a chunk that is a single frame (an image): its blocks never
+    straddle frames, and XLA's CPU dots run full attention's tiles 1.1-1.4x faster with 300-500
+    query rows than with 128 (benchmarks/bench_profile.py `attn`); multi-frame chunks keep `block`,
+    so the blocks that straddle two frames cost little.
+
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
     rung (`padded_rows`), and sizes its attention tiles to the chunk's frames (kernels.choose_tiles;
     a chunk of at most min_patches rows keeps the ladder's bucket): for sizes that recur (the
@@ -62,6 +67,7 @@ class BucketPolicy:
     """
 
     block: int = 128
+    frame_block: int = 512
     per_octave: int = 4
     dense_from: int = 1024
     min_patches: int = 64
@@ -74,6 +80,10 @@ class BucketPolicy:
 
         if not is_int(self.block) or self.block <= 0 or self.block % 4:
             raise ValueError(f"BucketPolicy.block must be a positive multiple of 4, got {self.block!r}")
+        if not is_int(self.frame_block) or self.frame_block < self.block or self.frame_block % 4:
+            raise ValueError(
+                f"BucketPolicy.frame_block must be a multiple of 4 >= block {self.block}, got {self.frame_block!r}"
+            )
         if not is_int(self.per_octave) or self.per_octave < 1:
             raise ValueError(f"BucketPolicy.per_octave must be an int >= 1, got {self.per_octave!r}")
         if not is_int(self.dense_from) or self.dense_from < 0:
@@ -97,19 +107,31 @@ class BucketPolicy:
         table = rung_table(self)
         return table[bisect.bisect_left(table, n)]
 
-    def padded_rows(self, n: int) -> int:
-        """N_pad of a chunk of n real rows: `rung(n)`, or with `tight` the least multiple of 4 * NB
-        rows >= n that NB = ceil(n / block) equal blocks of a multiple of 4 rows tile (e.g. 1296 ->
-        1320 = 11 blocks of 120 rows, where the ladder gives 1536). At most min_patches rows stay on
-        the ladder (its smallest rung keeps XLA's CPU dots bucket-invariant)."""
+    def padded_rows(self, n: int, one_frame: bool = False) -> int:
+        """N_pad of a chunk of n real rows (`one_frame`: a single frame): `rung(n)`, or with `tight`
+        the least rows >= n that equal blocks of a multiple of 4 rows tile: NB = ceil(n / block)
+        blocks for several frames (1296 -> 1320 = 11 blocks of 120), for one frame any NB from
+        ceil(n / frame_block) to twice that (1296 = 3 blocks of 432), where the ladder gives 1536.
+        At most min_patches rows stay on the ladder (its smallest rung keeps XLA's CPU dots
+        bucket-invariant)."""
         if not self.tight or n <= self.min_patches:
             return self.rung(n)
+        if one_frame:
+            nb = -(-n // self.frame_block)
+            return min(k * 4 * -(-n // (4 * k)) for k in range(nb, 2 * nb + 1))
         nb = -(-n // self.block)
         return nb * 4 * -(-n // (4 * nb))
 
-    def block_size(self, patches: int) -> int:
-        """Rows per block of a `patches`-row bucket: patches // ceil(patches / block)."""
-        return patches // -(-patches // self.block)
+    def block_size(self, patches: int, one_frame: bool = False) -> int:
+        """Rows per block of a `patches`-row bucket: patches // ceil(patches / block); for a single
+        frame patches // NB with NB the least count >= ceil(patches / frame_block) that divides
+        patches into blocks of a multiple of 4 rows."""
+        if not one_frame:
+            return patches // -(-patches // self.block)
+        nb = -(-patches // self.frame_block)
+        while patches % (4 * nb):  # ends by patches / 4 at the latest
+            nb += 1
+        return patches // nb
 
 
 def _snap(r: int, block: int) -> int:
