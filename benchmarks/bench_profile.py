@@ -539,6 +539,7 @@ def attn_worker(p: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from qwen_vit_jax import plan as planlib
     from qwen_vit_jax.attention import segment_attention, window_attention
 
     cfg, plan, num = _setup(p)
@@ -571,6 +572,14 @@ def attn_worker(p: dict) -> dict:
         variants[f"segment: {name}"] = (
             lambda q, k, v, nm=nm: segment_attention(q, k, v, plan, nm),
             seg,
+        )
+    for rows in (128, 256):  # the image's bucket cut into smaller query blocks than frame_block's
+        small = jax.device_put(
+            planlib.make_plans([[1, p["side"], p["side"]]], cfg, planlib.BucketPolicy(frame_block=rows))[0]
+        )
+        variants[f"segment: {small.bucket.block}-row blocks"] = (
+            lambda q, k, v, small=small: segment_attention(q, k, v, small, num),
+            4 * d * small.bucket.tiles * small.bucket.block * small.bucket.key_rows,
         )
     out = {
         "numerics": str(num),

@@ -55,9 +55,10 @@ class BucketPolicy:
     `make_plans` splits larger requests at frame boundaries (`split_grid`).
 
     `frame_block` is the block of a chunk that is a single frame (an image): its blocks never
-    straddle frames, and XLA's CPU dots run full attention's tiles 1.1-1.4x faster with 300-500
-    query rows than with 128 (benchmarks/bench_profile.py `attn`); multi-frame chunks keep `block`,
-    so the blocks that straddle two frames cost little.
+    straddle frames, and XLA's CPU dots run full attention's tiles ~1.45x faster with 512 query
+    rows than with 128 (the 3B tower's 1536-row bucket, fp32 and bf16: benchmarks/bench_profile.py
+    --parts attn); multi-frame chunks keep `block`, so the blocks that straddle two frames cost
+    little.
 
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
     rung (`padded_rows`), and sizes its attention tiles to the chunk's frames (kernels.choose_tiles;
