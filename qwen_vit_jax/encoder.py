@@ -81,7 +81,9 @@ class VisionEncoder:
       tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
         rows rounded only as far as attention blocks need instead of up to the ladder's next rung
         (BucketPolicy.tight): one more program for a size that recurs (a dataset resized to one
-        resolution, a video stream's chunks), no ladder padding after. None: the ladder only.
+        resolution, a video stream's chunks), no ladder padding after. So do, from the first
+        encode, the chunks of a request whose frames recur this many times within it (a long
+        video cut into equal chunks). None: the ladder only.
         One device only: on several devices pass policy=BucketPolicy(tight=True) instead.
       max_tight_buckets: at most this many tight buckets are compiled; later recurring grids stay on
         the ladder (a stream of distinct sizes never recurs: its compile bound is the ladder's).
@@ -275,21 +277,38 @@ class VisionEncoder:
         return px
 
     def _plans(self, grid_thw) -> list[planlib.Plan]:
-        """The plans the next encode of this grid uses: the ladder's, or tight buckets once the grid
-        has been encoded tight_after - 1 times before (while fewer than max_tight_buckets exist)."""
-        if self.tight_after is not None:
-            grid_thw = planlib.validate_grid(grid_thw, self.cfg)  # its error, not numpy's, for a bad grid
-            with self._seen_lock:
-                seen = self._seen.get(_grid_key(grid_thw), 0)
-            if seen + 1 >= self.tight_after:
-                tight = dataclasses.replace(self.policy, tight=True)
-                plans = planlib.make_plans(grid_thw, self.cfg, tight)  # validates grid_thw
-                with self._seen_lock:
-                    new = {p.bucket for p in plans} - self._tight_buckets
-                    if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
-                        self._tight_buckets |= new
-                        return plans
-        return planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        """The plans the next encode of this grid uses: the ladder's, with tight buckets (while fewer
+        than max_tight_buckets exist) for every chunk once the grid has been encoded tight_after - 1
+        times before, and from the first encode for the chunks whose frames recur tight_after times
+        within the request itself (the equal chunks of a long video)."""
+        if self.tight_after is None:
+            return planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        grid_thw = planlib.validate_grid(grid_thw, self.cfg)  # its error, not numpy's, for a bad grid
+        with self._seen_lock:
+            seen = self._seen.get(_grid_key(grid_thw), 0)
+        tight = dataclasses.replace(self.policy, tight=True)
+        if seen + 1 >= self.tight_after:
+            plans = planlib.make_plans(grid_thw, self.cfg, tight)
+            tight_plans = plans
+        else:
+            plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
+            keys = [_frames_key(p.grid_thw) for p in plans]
+            repeats = collections.Counter(keys)
+            if max(repeats.values()) < self.tight_after:
+                return plans
+            tight_plans = [
+                dataclasses.replace(planlib.make_plan(k, self.cfg, tight), span=p.span, grid_thw=p.grid_thw)
+                for p, k in zip(plans, keys)
+                if repeats[k] >= self.tight_after
+            ]
+            swap = iter(tight_plans)
+            plans = [next(swap) if repeats[k] >= self.tight_after else p for p, k in zip(plans, keys)]
+        with self._seen_lock:
+            new = {p.bucket for p in tight_plans} - self._tight_buckets
+            if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
+                self._tight_buckets |= new
+                return plans
+        return planlib.make_plans(grid_thw, self.cfg, self.policy)
 
     def _count(self, grid_thw, capacity: int = 4096) -> None:
         """One more encode of this grid (an LRU of the last `capacity` grids)."""
@@ -400,6 +419,18 @@ def _check_devices(devices) -> list[jax.Device]:
 
 def _grid_key(grid_thw) -> tuple:
     return tuple(map(tuple, np.asarray(grid_thw).tolist()))
+
+
+def _frames_key(grid_thw) -> tuple:
+    """A chunk's frame sequence: its grid with adjacent rows of equal (h, w) merged (what a plan
+    depends on), as a tuple of (t, h, w)."""
+    rows: list[list[int]] = []
+    for t, h, w in np.asarray(grid_thw).tolist():
+        if rows and rows[-1][1:] == [h, w]:
+            rows[-1][0] += t
+        else:
+            rows.append([t, h, w])
+    return tuple(map(tuple, rows))
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:

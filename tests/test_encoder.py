@@ -224,6 +224,24 @@ def test_recurring_grid_gets_a_tight_bucket(enc):
     assert ladder.cost_report(grid)["padded_patches"] == 1280
 
 
+def test_chunks_that_recur_within_a_request_get_tight_buckets(enc):
+    """A long video cut into equal chunks: those chunks run in a tight bucket from the first encode
+    (one program for all of them), the odd chunk on the ladder; the same embeddings as the ladder."""
+    cfg = enc.cfg
+    policy = qvj.BucketPolicy(max_patches=256)
+    grid = [[10, 6, 10]]  # frames of 60 rows: chunks of 4 (240 rows; ladder 256) x 2 + 2 frames
+    px = pixels(cfg, grid, seed=3)
+    fresh = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy)
+    ladder = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy, tight_after=None)
+    buckets = [b["patches"] for b in fresh.cost_report(grid)["buckets"]]
+    assert buckets == [240, 240, 128] and [b["patches"] for b in ladder.cost_report(grid)["buckets"]] == [256, 256, 128]
+    out, ref = fresh.encode(px, grid), ladder.encode(px, grid)
+    assert np.linalg.norm(out - ref) <= 1e-6 * np.linalg.norm(ref)
+    assert fresh.compile_count == 2  # the tight chunks' program and the last chunk's rung
+    capped = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy, max_tight_buckets=0)
+    assert [b["patches"] for b in capped.cost_report(grid)["buckets"]] == [256, 256, 128]
+
+
 def test_tight_rows():
     tight = qvj.BucketPolicy(tight=True)
     assert [tight.padded_rows(n) for n in (1296, 1080, 12960, 64, 60, 65)] == [1320, 1080, 13056, 64, 64, 68]
