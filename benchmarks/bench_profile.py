@@ -510,7 +510,9 @@ def _window_grouped(q, k, v, plan, num, group: int):
 
 
 def _window_heads_loop(q, k, v, plan, num):
-    """window_attention as a lax.map over heads, each a batched-over-windows dot [W, S, Dh]."""
+    """window_attention as a lax.map over head-major copies of q, k, v ([H, N, Dh]: the package's
+    CPU schedule before 2026-12-01, which gathers each head's rows from [N, H, Dh] instead), each a
+    batched-over-windows dot [W, S, Dh]."""
     import jax
     import jax.numpy as jnp
 
@@ -551,7 +553,10 @@ def attn_worker(p: dict) -> dict:
     variants = {
         "window: current": (lambda q, k, v: window_attention(q, k, v, plan, num), 4 * w * s * s * d),
         "window: f32 operands": (lambda q, k, v: window_attention(q, k, v, plan, f32), 4 * w * s * s * d),
-        "window: heads loop": (lambda q, k, v: _window_heads_loop(q, k, v, plan, num), 4 * w * s * s * d),
+        "window: heads loop over [H, N, Dh] copies": (
+            lambda q, k, v: _window_heads_loop(q, k, v, plan, num),
+            4 * w * s * s * d,
+        ),
         "window: all heads batched": (
             lambda q, k, v: window_attention(q, k, v, plan, dataclasses.replace(num, tile_loops=False)),
             4 * w * s * s * d,

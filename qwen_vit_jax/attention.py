@@ -104,9 +104,10 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
     a slot; a row attends to the rows of its own window only).
 
     With `num.tile_loops` (CPU) the heads run one after another, each as dots batched over the
-    slots ([W, S, Dh] x [W, Dh, S]): XLA's CPU backend runs those 1.3-4.7x faster than one dot
-    batched over slots and heads (benchmarks/bench_profile.py `attn`); otherwise (GPU / TPU) all
-    heads at once. The same arithmetic either way.
+    slots ([W, S, Dh] x [W, Dh, S]) whose rows are gathered straight from [N, H, Dh] (no head-major
+    copies of q, k, v): XLA's CPU backend runs those faster than one dot batched over slots and
+    heads (benchmarks/bench_profile.py `attn`); otherwise (GPU / TPU) all heads at once. The same
+    arithmetic either way.
 
     Args:
       q, k, v: [N, H, Dh] rows in original order (q, k already rotated).
@@ -125,14 +126,13 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
 
     if num.tile_loops:
 
-        def head(qkv):  # one head: [N, Dh] each -> [N, Dh]
-            qh, kh, vh = qkv
-            s = num.einsum("wqd,wkd->wqk", qh[rows] * scale, kh[rows])  # [W, S, S]
+        def head(h):  # one head, gathered straight from [N, H, Dh] -> [N, Dh]
+            s = num.einsum("wqd,wkd->wqk", q[rows, h] * scale, k[rows, h])  # [W, S, S]
             p = jax.nn.softmax(jnp.where(same, s, NEG_INF), axis=-1)
-            o = num.einsum("wqk,wkd->wqd", p, vh[rows])  # [W, S, Dh]
+            o = num.einsum("wqk,wkd->wqd", p, v[rows, h])  # [W, S, Dh]
             return o.reshape(num_slots * slots, -1)[plan.window_slot]  # [W*S, Dh] -> [N, Dh]
 
-        out = lax.map(head, (q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)))  # [H, N, Dh]
+        out = lax.map(head, jnp.arange(q.shape[1]))  # [H, N, Dh]
         return out.transpose(1, 0, 2)  # [N, H, Dh]
 
     qw, kw, vw = q[rows] * scale, k[rows], v[rows]  # [W, S, H, Dh]
@@ -172,19 +172,20 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num:
     """
     n, h, dh = q.shape
     nb = n // plan.bucket.block
-    qh = (q * dh**-0.5).transpose(1, 0, 2)  # [H, N, Dh]
-    kh, vh = k.transpose(1, 0, 2), _finite(v).transpose(1, 0, 2)  # [H, N, Dh]
-    schedule = _tile_loops if num.tile_loops else _tiles_batched
-    out = schedule(qh, kh, vh, plan, num)  # [H, T, B, Dh]
+    q, v = q * dh**-0.5, _finite(v)
+    if num.tile_loops:
+        out = _tile_loops(q, k, v, plan, num)  # [H, T, B, Dh]
+    else:
+        out = _tiles_batched(*(x.transpose(1, 0, 2) for x in (q, k, v)), plan, num)  # [H, N, Dh] in, [H, T, B, Dh] out
     if plan.bucket.tiles > nb:  # each row is in exactly one tile: adding the others' zeros is exact
         out = out[:, :nb].at[:, plan.tile_block[nb:]].add(out[:, nb:])  # [H, NB, B, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
-    """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] -> [H, T, B, Dh]."""
+def _tile_loops(q, k, v, plan: Plan, num: Numerics):
+    """segment_attention's CPU schedule. q / k / v: [N, H, Dh] -> [H, T, B, Dh]."""
     block, window = plan.bucket.block, plan.bucket.key_rows
-    nb = qh.shape[1] // block
+    nb = q.shape[0] // block
     segment_ids = plan.segment_ids
     seg = segment_ids.reshape(nb, block)  # [NB, B]
 
@@ -201,10 +202,11 @@ def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
 
     tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start)  # [T] each
 
-    def head(qx, kx, vx):
+    def head(i):  # head i's [N, Dh] columns, sliced once per head
+        qx, kx, vx = q[:, i], k[:, i], v[:, i]
         return lax.map(lambda a: tile(qx, kx, vx, *a), tiles)  # [T, B, Dh]
 
-    return lax.map(lambda a: head(*a), (qh, kh, vh))  # [H, T, B, Dh]
+    return lax.map(head, jnp.arange(q.shape[1]))  # [H, T, B, Dh]
 
 
 def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
