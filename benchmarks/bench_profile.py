@@ -148,8 +148,8 @@ def pieces_worker(p: dict) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from qwen_vit_jax.attention import segment_attention, window_attention
-    from qwen_vit_jax.model import Block, apply_rotary, rotary_cos_sin
+    from qwen_vit_jax.attention import apply_rotary, segment_attention, window_attention
+    from qwen_vit_jax.model import Block, rotary_cos_sin
 
     cfg, plan, num = _setup(p)
     bucket, reps = plan.bucket, p["repeats"]
@@ -175,7 +175,9 @@ def pieces_worker(p: dict) -> dict:
             cfg.depth,
         ),
         "rotary (q and k)": (
-            jax.jit(lambda q, k: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin))),
+            jax.jit(
+                lambda q, k: (apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None]))
+            ),
             (q, k),
             0,
             cfg.depth,

@@ -14,6 +14,10 @@ tables (qwen_vit_jax.plan). Neither ever builds an [N, N] mask:
 Segments are isolated even from non-finite values: a NaN or Inf in one image never reaches
 another image's output (`_finite`).
 
+Both apply the 2-D rotary embedding to q and k themselves (`rotary`), where their schedule reads
+them: on CPU inside each head's gathers and slices, so the rotation costs no pass of its own over
+[N, H, Dh].
+
 Softmax statistics are always float32. `Numerics.dtype` is the dtype of the matmul
 operands; products accumulate in float32 (preferred_element_type).
 """
@@ -99,7 +103,16 @@ def _finite(v: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(v), v, 0.0)
 
 
-def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics) -> jax.Array:
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x * cos + rotate_half(x) * sin (HF's rotate_half layout), float32.
+
+    x: [..., Dh]; cos, sin: broadcast against x (e.g. [N, Dh] tables for x [N, Dh], or [N, 1, Dh]
+    for x [N, H, Dh])."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def window_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None = None) -> jax.Array:
     """Attention inside windows, packed into slots of S rows (several small windows may share
     a slot; a row attends to the rows of its own window only).
 
@@ -110,7 +123,8 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
     arithmetic either way.
 
     Args:
-      q, k, v: [N, H, Dh] rows in original order (q, k already rotated).
+      q, k, v: [N, H, Dh] rows in original order.
+      rotary: (cos, sin), each [N, Dh]: rotate q and k here (None: they are rotated already).
       plan: window_tokens [W, S] (the row held by each slot entry, -1 for an empty entry),
         window_ids [W, S] (the window each slot entry belongs to, -1 for an empty entry),
         window_slot [N] (the flat slot entry w * S + j holding each row).
@@ -125,9 +139,13 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
     v = _finite(v)
 
     if num.tile_loops:
+        tables = None if rotary is None else (rotary[0][rows], rotary[1][rows])  # [W, S, Dh] each
+
+        def gather(x, h):  # head h's slot rows of x, rotated: [W, S, Dh]
+            return x[rows, h] if tables is None else apply_rotary(x[rows, h], *tables)
 
         def head(h):  # one head, gathered straight from [N, H, Dh] -> [N, Dh]
-            s = num.einsum("wqd,wkd->wqk", q[rows, h] * scale, k[rows, h])  # [W, S, S]
+            s = num.einsum("wqd,wkd->wqk", gather(q, h) * scale, gather(k, h))  # [W, S, S]
             p = jax.nn.softmax(jnp.where(same, s, NEG_INF), axis=-1)
             o = num.einsum("wqk,wkd->wqd", p, v[rows, h])  # [W, S, Dh]
             return o.reshape(num_slots * slots, -1)[plan.window_slot]  # [W*S, Dh] -> [N, Dh]
@@ -135,6 +153,8 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
         out = lax.map(head, jnp.arange(q.shape[1]))  # [H, N, Dh]
         return out.transpose(1, 0, 2)  # [N, H, Dh]
 
+    if rotary is not None:
+        q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
     qw, kw, vw = q[rows] * scale, k[rows], v[rows]  # [W, S, H, Dh]
     s = num.einsum("wqhd,wkhd->whqk", qw, kw)  # [W, H, S, S]
     s = jnp.where(same[:, None], s, NEG_INF)
@@ -144,7 +164,7 @@ def window_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: 
     return o[plan.window_slot]  # [N, H, Dh]
 
 
-def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics) -> jax.Array:
+def segment_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None = None) -> jax.Array:
     """Attention within segments (frames) over the plan's tiles of query blocks.
 
     Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
@@ -164,7 +184,8 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num:
       key rows with an online softmax: the live scores are [T, H, B, B], linear in N.
 
     Args:
-      q, k, v: [N, H, Dh] (q, k already rotated); N = NB * B.
+      q, k, v: [N, H, Dh]; N = NB * B.
+      rotary: (cos, sin), each [N, Dh]: rotate q and k here (None: they are rotated already).
       plan: segment_ids [N] (-1 for padding rows) and the tile table (tile_block, tile_first_frame,
         tile_last_frame, tile_key_start, each [T]); see `Plan`.
     Returns:
@@ -172,18 +193,22 @@ def segment_attention(q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num:
     """
     n, h, dh = q.shape
     nb = n // plan.bucket.block
-    q, v = q * dh**-0.5, _finite(v)
+    v = _finite(v)
     if num.tile_loops:
-        out = _tile_loops(q, k, v, plan, num)  # [H, T, B, Dh]
+        out = _tile_loops(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
     else:
-        out = _tiles_batched(*(x.transpose(1, 0, 2) for x in (q, k, v)), plan, num)  # [H, N, Dh] in, [H, T, B, Dh] out
+        if rotary is not None:
+            q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
+        qkv = (x.transpose(1, 0, 2) for x in (q * dh**-0.5, k, v))  # [H, N, Dh] each
+        out = _tiles_batched(*qkv, plan, num)  # [H, T, B, Dh]
     if plan.bucket.tiles > nb:  # each row is in exactly one tile: adding the others' zeros is exact
         out = out[:, :nb].at[:, plan.tile_block[nb:]].add(out[:, nb:])  # [H, NB, B, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(q, k, v, plan: Plan, num: Numerics):
-    """segment_attention's CPU schedule. q / k / v: [N, H, Dh] -> [H, T, B, Dh]."""
+def _tile_loops(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None):
+    """segment_attention's CPU schedule. q / k / v: [N, H, Dh] (q, k unscaled, rotated here with
+    `rotary` if given) -> [H, T, B, Dh]."""
     block, window = plan.bucket.block, plan.bucket.key_rows
     nb = q.shape[0] // block
     segment_ids = plan.segment_ids
@@ -202,8 +227,11 @@ def _tile_loops(q, k, v, plan: Plan, num: Numerics):
 
     tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start)  # [T] each
 
-    def head(i):  # head i's [N, Dh] columns, sliced once per head
-        qx, kx, vx = q[:, i], k[:, i], v[:, i]
+    def column(x, i):  # head i's [N, Dh] columns of x, rotated
+        return x[:, i] if rotary is None else apply_rotary(x[:, i], *rotary)
+
+    def head(i):  # head i's columns, sliced once per head
+        qx, kx, vx = column(q, i) * q.shape[-1] ** -0.5, column(k, i), v[:, i]
         return lax.map(lambda a: tile(qx, kx, vx, *a), tiles)  # [T, B, Dh]
 
     return lax.map(head, jnp.arange(q.shape[1]))  # [H, T, B, Dh]

@@ -68,13 +68,6 @@ def rotary_cos_sin(pos_ids: jax.Array, head_dim: int, theta: float) -> tuple[jax
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: [N, H, Dh] float32; cos/sin: [N, Dh]. x * cos + rotate_half(x) * sin."""
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 def _normal(rngs: nnx.Rngs, shape, std: float):
     return std * jax.random.normal(rngs.params(), shape, jnp.float32)
 
@@ -166,10 +159,8 @@ class Attention(nnx.Module):
         """x: [N, D]; full: True for per-frame (full) attention, False for window attention."""
         n, d = x.shape
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, d // self.num_heads)  # [N, 3D] -> [N, 3, H, Dh]
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         attend = segment_attention if full else window_attention
-        o = attend(q, k, v, plan, self.num)  # [N, H, Dh]
+        o = attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], plan, self.num, rotary=(cos, sin))  # [N, H, Dh]; rotates q, k
         return self.proj(o.reshape(n, d))  # [N, H, Dh] -> [N, D]
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.attention import Numerics, segment_attention, window_attention
+from qwen_vit_jax.attention import Numerics, apply_rotary, segment_attention, window_attention
+from qwen_vit_jax.config import QWEN2_5_VL_3B
+from qwen_vit_jax.model import rotary_cos_sin
 from qwen_vit_jax.plan import kernels
 
 
@@ -136,3 +140,22 @@ def test_bf16_numerics_accumulate_in_float32():
     np.testing.assert_array_equal(np.asarray(out), 4096.0)
     with pytest.raises(ValueError, match="dtype"):
         Numerics("float16")
+
+
+@pytest.mark.parametrize("tile_loops", [True, False], ids=["cpu", "batched"])
+@pytest.mark.parametrize("attend", [window_attention, segment_attention], ids=["window", "segment"])
+def test_rotary_inside_attention_equals_rotating_first(attend, tile_loops):
+    """`rotary=(cos, sin)` rotates q and k where each schedule reads them (the CPU schedules inside
+    their per-head gathers): the same numbers as rotating [N, H, Dh] first, up to float32 rounding
+    (XLA may fuse the rotation's multiply-adds differently)."""
+    cfg = dataclasses.replace(QWEN2_5_VL_3B, num_heads=2, width=32)
+    plan = jax.device_put(planlib.make_plans([[2, 10, 12], [1, 8, 8]], cfg)[0])
+    n, h, dh = plan.bucket.patches, cfg.num_heads, cfg.head_dim
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((n, h, dh)), jnp.float32) for _ in range(3))
+    cos, sin = rotary_cos_sin(jnp.asarray(plan.pos_ids), dh, cfg.rope_theta)
+    num = Numerics("float32", tile_loops=tile_loops)
+    rotated = [apply_rotary(x, cos[:, None], sin[:, None]) for x in (q, k)]
+    ref = jax.jit(lambda *a: attend(*a, plan, num))(*rotated, v)
+    out = jax.jit(lambda *a: attend(*a, plan, num, rotary=(cos, sin)))(q, k, v)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-6)
