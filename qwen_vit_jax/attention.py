@@ -35,6 +35,7 @@ from qwen_vit_jax.plan import Plan
 
 # A finite "minus infinity": a fully masked row then gives exp(0) * 0 = 0, never NaN.
 NEG_INF = -1e30
+Rotary = tuple[jax.Array, jax.Array]  # (cos, sin) tables, each [N, Dh] float32 (model.rotary_cos_sin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +113,9 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
-def window_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None = None) -> jax.Array:
+def window_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics, rotary: Rotary | None = None
+) -> jax.Array:
     """Attention inside windows, packed into slots of S rows (several small windows may share
     a slot; a row attends to the rows of its own window only).
 
@@ -164,7 +167,9 @@ def window_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None = 
     return o[plan.window_slot]  # [N, H, Dh]
 
 
-def segment_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None = None) -> jax.Array:
+def segment_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, plan: Plan, num: Numerics, rotary: Rotary | None = None
+) -> jax.Array:
     """Attention within segments (frames) over the plan's tiles of query blocks.
 
     Row r attends to row s iff segment_ids[r] == segment_ids[s]. The rows are cut into NB query
@@ -206,7 +211,7 @@ def segment_attention(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None =
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(q, k, v, plan: Plan, num: Numerics, rotary: tuple | None):
+def _tile_loops(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None):
     """segment_attention's CPU schedule. q / k / v: [N, H, Dh] (q, k unscaled, rotated here with
     `rotary` if given) -> [H, T, B, Dh]."""
     block, window = plan.bucket.block, plan.bucket.key_rows

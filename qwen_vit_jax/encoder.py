@@ -296,13 +296,12 @@ class VisionEncoder:
             repeats = collections.Counter(keys)
             if max(repeats.values()) < self.tight_after:
                 return plans
-            tight_plans = [
-                dataclasses.replace(planlib.make_plan(k, self.cfg, tight), span=p.span, grid_thw=p.grid_thw)
-                for p, k in zip(plans, keys)
-                if repeats[k] >= self.tight_after
+            recurs = [repeats[k] >= self.tight_after for k in keys]
+            plans = [
+                dataclasses.replace(planlib.make_plan(k, self.cfg, tight), span=p.span, grid_thw=p.grid_thw) if r else p
+                for p, k, r in zip(plans, keys, recurs)
             ]
-            swap = iter(tight_plans)
-            plans = [next(swap) if repeats[k] >= self.tight_after else p for p, k in zip(plans, keys)]
+            tight_plans = [p for p, r in zip(plans, recurs) if r]
         with self._seen_lock:
             new = {p.bucket for p in tight_plans} - self._tight_buckets
             if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:

@@ -2,9 +2,10 @@
 
 Every distinct `Bucket` is a compiled program, so buckets are few by construction: N_pad comes from a
 geometric ladder (1 to 4 rungs per octave by default, denser for larger inputs), W_pad is a function
-of N_pad for all ordinary inputs, and K = N_pad, T = N_pad / block for single frames, so a stream of single images
-compiles at most one program per rung. A request above the per-program token budget (`max_patches`)
-is cut at frame boundaries into chunks that each fill a rung well (`split_grid`).
+of N_pad for all ordinary inputs, and for single frames K = N_pad and the block (so T) follow from
+N_pad too, so a stream of single images compiles at most one program per rung. A request above
+the per-program token budget (`max_patches`) is cut at frame boundaries into chunks that each fill a
+rung well (`split_grid`).
 """
 
 from __future__ import annotations
