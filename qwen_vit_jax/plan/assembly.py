@@ -136,7 +136,6 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
     n_pad = policy.padded_rows(n, n_frames == 1)
-    tight = policy.tight and n > policy.min_patches  # as padded_rows: small chunks keep the ladder's bucket
     block = policy.block_size(n_pad, n_frames == 1)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches
@@ -145,7 +144,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
     out = POOL.take(4 * n_pad + 2 * w_worst * s + 4 * (n_pad // block + 4 * n_frames))
     buf, w_pad, key_rows, n_tiles = kernels.build_plan(
-        g, cfg.spatial_merge_size, window, s, n_pad, block, tight, w_typical, w_worst, out
+        g, cfg.spatial_merge_size, window, s, n_pad, block, policy.tight_for(n), w_typical, w_worst, out
     )
     buf.setflags(write=False)  # before slicing: the views inherit it
     pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)

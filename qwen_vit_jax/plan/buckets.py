@@ -109,14 +109,19 @@ class BucketPolicy:
         table = rung_table(self)
         return table[bisect.bisect_left(table, n)]
 
+    def tight_for(self, n: int) -> bool:
+        """Whether a chunk of n real rows gets tight rows and tiles: with `tight`, above min_patches
+        (chunks of at most min_patches rows stay on the ladder: its smallest rung keeps XLA's CPU
+        dots bucket-invariant)."""
+        return self.tight and n > self.min_patches
+
     def padded_rows(self, n: int, one_frame: bool = False) -> int:
-        """N_pad of a chunk of n real rows (`one_frame`: a single frame): `rung(n)`, or with `tight`
-        the least rows >= n that equal blocks of a multiple of 4 rows tile: NB = ceil(n / block)
-        blocks for several frames (1296 -> 1320 = 11 blocks of 120), for one frame any NB from
-        ceil(n / frame_block) to twice that (1296 = 3 blocks of 432), where the ladder gives 1536.
-        At most min_patches rows stay on the ladder (its smallest rung keeps XLA's CPU dots
-        bucket-invariant)."""
-        if not self.tight or n <= self.min_patches:
+        """N_pad of a chunk of n real rows (`one_frame`: a single frame): `rung(n)`, or where
+        `tight_for(n)` the least rows >= n that equal blocks of a multiple of 4 rows tile:
+        NB = ceil(n / block) blocks for several frames (1296 -> 1320 = 11 blocks of 120), for one
+        frame any NB from ceil(n / frame_block) to twice that (1296 = 3 blocks of 432), where the
+        ladder gives 1536."""
+        if not self.tight_for(n):
             return self.rung(n)
         if one_frame:
             nb = -(-n // self.frame_block)
