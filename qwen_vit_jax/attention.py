@@ -33,6 +33,8 @@ from jax import lax
 from qwen_vit_jax.config import dtype_named
 from qwen_vit_jax.plan import Plan
 
+# Who runs the attention core (Numerics.attention): XLA, or a platform's Pallas kernel.
+ATTENTION_KERNELS = ("xla", "triton", "splash")
 # A finite "minus infinity": a fully masked row then gives exp(0) * 0 = 0, never NaN.
 NEG_INF = -1e30
 Rotary = tuple[jax.Array, jax.Array]  # (cos, sin) tables, each [N, Dh] float32 (model.rotary_cos_sin)
@@ -50,14 +52,24 @@ class Numerics:
     `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
     (XLA's CPU backend runs those 2-3x faster than batched dots); False batches them (GPUs and
     TPUs want few large kernels). The same arithmetic either way.
+
+    `attention` picks who runs the attention core: "xla" (the schedules in this module: the
+    default, and the reference), "triton" (a Pallas Triton kernel for NVIDIA GPUs,
+    attention_gpu.py) or "splash" (Pallas splash attention for TPUs, attention_tpu.py). The
+    kernels take the same inputs and give the same outputs; `interpret=True` runs them in
+    Pallas' interpreter (any backend, slow: for tests on a CPU).
     """
 
     dtype: str = "float32"
     native_bf16: bool = True
     tile_loops: bool = False
+    attention: str = "xla"
+    interpret: bool = False
 
     def __post_init__(self):
         dtype_named(self.dtype)  # a ValueError for any other name
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
 
     @property
     def operand_dtype(self):
@@ -85,11 +97,40 @@ def has_native_bf16(device: jax.Device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def numerics_for(dtype: str = "float32", device: jax.Device | None = None) -> Numerics:
+def numerics_for(dtype: str = "float32", device: jax.Device | None = None, attention: str = "xla") -> Numerics:
     """The Numerics for `dtype` on `device` (default jax.devices()[0]): native bf16 dots where the
-    device has them, full attention as 2-D dot loops on CPU."""
+    device has them, full attention as 2-D dot loops on CPU. attention: "xla", or "kernel" for
+    the device's Pallas kernel (Triton on a GPU, splash on a TPU; `platform_numerics`)."""
     device = device or jax.devices()[0]
-    return Numerics(dtype, native_bf16=has_native_bf16(device), tile_loops=device.platform == "cpu")
+    if device.platform != "cpu":
+        return platform_numerics(dtype, device.platform, attention)
+    kernel = _kernel("cpu", attention)  # a kernel on a CPU runs in Pallas' interpreter (tests)
+    native = has_native_bf16(device)
+    return Numerics(dtype, native_bf16=native, tile_loops=True, attention=kernel, interpret=kernel != "xla")
+
+
+def platform_numerics(dtype: str, platform: str, attention: str = "xla") -> Numerics:
+    """The Numerics a `platform` ("cpu" | "gpu" | "tpu"; "cuda" / "rocm" mean "gpu") runs: what
+    `numerics_for` gives on its device, without needing one (ahead-of-time compiles). A CPU's bf16
+    dots are taken as native (as on every CPU with avx512_bf16 or AMX)."""
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
+    kernel = _kernel(platform, attention)
+    cpu = platform == "cpu"
+    return Numerics(dtype, native_bf16=True, tile_loops=cpu, attention=kernel, interpret=cpu and kernel != "xla")
+
+
+def _kernel(platform: str, attention: str) -> str:
+    """attention ("xla" | "kernel" | a kernel's name) resolved for a platform."""
+    kernel = {"gpu": "triton", "tpu": "splash"}.get(platform)
+    if attention == "kernel":
+        if kernel is None:
+            raise ValueError(f"no attention kernel for platform {platform!r}: use attention='xla'")
+        return kernel
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be 'xla', 'kernel' or one of {ATTENTION_KERNELS}, got {attention!r}")
+    return attention
 
 
 def _finite(v: jax.Array) -> jax.Array:
@@ -268,7 +309,9 @@ def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
         acc = acc * alpha[..., None] + num.einsum("htqk,htkd->htqd", p, vh[:, rows])
         return m_new, l, acc
 
-    shape = (h, t_block.shape[0], block)
-    init = (jnp.full(shape, NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dh), jnp.float32))
+    # The carries derive from qt (not jnp.zeros): under shard_map (several devices) they must vary
+    # over the mesh axis like the values the loop adds to them.
+    zeros = jnp.zeros_like(qt, dtype=jnp.float32)  # [H, T, B, Dh]
+    init = (jnp.full_like(zeros[..., 0], NEG_INF), zeros[..., 0], zeros)
     _, l, acc = lax.fori_loop(0, -(-window // block), step, init)  # ceil(K / B) steps
     return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile

@@ -469,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     sub.add_parser("convert", add_help=False, help="HF checkpoint -> qwen_vit_jax params (HF_DIR OUT_DIR)")
+    sub.add_parser("aot", add_help=False, help="compile for an H100 / H200 / TPU without one: memory, roofline")
 
     p = sub.add_parser(
         "encode",
@@ -609,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
             from qwen_vit_jax.convert import main as convert_main
 
             return convert_main(argv[1:], prog=f"{PROG} convert")
+        if argv[:1] == ["aot"]:  # aot.py owns its parser
+            from qwen_vit_jax.aot import main as aot_main
+
+            return aot_main(argv[1:], prog=f"{PROG} aot")
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help(sys.stderr)

@@ -47,19 +47,42 @@ def dot_flops(jaxpr) -> float:
     their trip counts (scan `length`; fori_loop with static bounds and lax.map are scans).
     Nested calls (pjit, checkpoint, custom_jvp / custom_vjp) count once per call. A while loop
     or a conditional has no static trip count: ValueError (the forward has neither)."""
+
+    def flops(eqn):
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lhs_contract)
+
+    return _sum_dots(jaxpr, flops)
+
+
+def dot_bytes(jaxpr) -> float:
+    """Bytes the matmuls of a (closed) jaxpr move if each dot_general reads both operands and
+    writes its result once, at their dtypes, loop bodies times their trip counts (as `dot_flops`).
+    An estimate of the program's memory traffic for a roofline: the weights (read once per layer)
+    and the activations every matmul reads and writes; elementwise work that XLA does not fuse
+    into a matmul adds to it, a fused attention kernel that keeps scores on chip takes from it."""
+
+    def moved(eqn):
+        avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+        return float(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in avals))
+
+    return _sum_dots(jaxpr, moved)
+
+
+def _sum_dots(jaxpr, measure) -> float:
+    """measure(eqn) summed over every dot_general of a (closed) jaxpr, loop bodies times their trip
+    counts, nested calls once per call; a while loop or a conditional: ValueError."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # ClosedJaxpr -> Jaxpr
     total = 0.0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
-            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            out = eqn.outvars[0].aval.shape
-            total += 2.0 * math.prod(out) * math.prod(lhs[d] for d in lhs_contract)
+            total += measure(eqn)
         elif name in ("while", "cond"):
             raise ValueError(f"dot_flops: a {name} has no static trip count")
         else:
             times = eqn.params["length"] if name == "scan" else 1
             for sub in jax_core.jaxprs_in_params(eqn.params):
-                total += times * dot_flops(sub)
+                total += times * _sum_dots(sub, measure)
     return total

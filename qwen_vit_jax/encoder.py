@@ -377,22 +377,12 @@ class VisionEncoder:
 
     def _forward(self, state, pixels, plan):
         """(tokens, deepstack features: [] without deepstack mergers)."""
-        return nnx.merge(self._graphdef, state)(pixels, plan, deepstack=True)
+        return forward(self._graphdef, state, pixels, plan)
 
     def _mesh_forward(self, specs: tuple[jax.ShapeDtypeStruct, planlib.Plan]) -> jax.stages.Compiled:
-        """The program of one bucket on the mesh: `shard_map` runs the single-device forward on
-        each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the replicated
-        parameters; no collective, so devices never wait for each other inside a step."""
-        data = P("data")
-
-        def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
-            out = self._forward(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
-            return jax.tree.map(lambda a: a[None], out)
-
-        fn = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), data, data), out_specs=data)
-        sharding, d = NamedSharding(self.mesh, data), len(self.devices)
-        stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
-        return jax.jit(fn).lower(self._state, *stacked).compile()
+        """The program of one bucket on the mesh (`mesh_program`)."""
+        program = jax.jit(mesh_program(self._forward, self.mesh))
+        return program.lower(self._state, *mesh_specs(specs, self.mesh)).compile()
 
 
 def _check_devices(devices) -> list[jax.Device]:
@@ -430,6 +420,32 @@ def _frames_key(grid_thw) -> tuple:
         else:
             rows.append([t, h, w])
     return tuple(map(tuple, rows))
+
+
+def forward(graphdef: nnx.GraphDef, state: nnx.State, pixels: jax.Array, plan: planlib.Plan):
+    """The encoder's program for one device: (tokens, deepstack features: [] without deepstack
+    mergers). pixels [N_pad, P] -> tokens [N_pad / mu, out_dim]."""
+    return nnx.merge(graphdef, state)(pixels, plan, deepstack=True)
+
+
+def mesh_program(forward_fn, mesh: Mesh):
+    """The program of one bucket on a mesh: `shard_map` runs the single-device `forward_fn(state,
+    pixels, plan)` on each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the
+    replicated parameters; no collective, so devices never wait for each other inside a step."""
+    data = P("data")
+
+    def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
+        out = forward_fn(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
+        return jax.tree.map(lambda a: a[None], out)
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), data, data), out_specs=data)
+
+
+def mesh_specs(specs: tuple[jax.ShapeDtypeStruct, planlib.Plan], mesh: Mesh):
+    """One bucket's input shapes (`_input_specs`) stacked for the mesh: a leading [D] axis sharded
+    over the data axis."""
+    sharding, d = NamedSharding(mesh, P("data")), mesh.devices.size
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
