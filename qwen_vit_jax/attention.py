@@ -25,6 +25,7 @@ operands; products accumulate in float32 (preferred_element_type).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +176,8 @@ def window_attention(
     Returns:
       [N, H, Dh] float32. Rows in no window (padding) get an arbitrary finite value.
     """
+    if num.attention != "xla":
+        return _windows_by_kernel(q, k, v, plan, num, rotary)
     window_tokens, window_ids = plan.window_tokens, plan.window_ids
     num_slots, slots = window_tokens.shape
     scale = q.shape[-1] ** -0.5
@@ -240,7 +243,9 @@ def segment_attention(
     n, h, dh = q.shape
     nb = n // plan.bucket.block
     v = _finite(v)
-    if num.tile_loops:
+    if num.attention != "xla":
+        out = _tiles_by_kernel(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
+    elif num.tile_loops:
         out = _tile_loops(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
     else:
         if rotary is not None:
@@ -315,3 +320,58 @@ def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
     init = (jnp.full_like(zeros[..., 0], NEG_INF), zeros[..., 0], zeros)
     _, l, acc = lax.fori_loop(0, -(-window // block), step, init)  # ceil(K / B) steps
     return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile
+
+
+# ---- the platforms' kernels (Numerics.attention): the same problem as one kernel call ----------
+
+
+def _kernel_inputs(q, k, v, num: Numerics, rotary: Rotary | None):
+    """q (rotated, scaled), k (rotated), v (finite) as the kernels take them: [N, H, Dh] in the
+    operand dtype (float32 stays float32; bf16 mode rounds the operands as `Numerics.einsum` does)."""
+    if rotary is not None:
+        q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
+    dtype = jnp.float32 if num.dtype == "float32" else jnp.bfloat16
+    return (x.astype(dtype) for x in (q * q.shape[-1] ** -0.5, k, _finite(v)))
+
+
+def _tile_kernel(num: Numerics):
+    """The platform kernel's `tile_attention` (attention_gpu / attention_tpu: one contract)."""
+    if num.attention == "triton":
+        from qwen_vit_jax.attention_gpu import tile_attention
+    else:
+        from qwen_vit_jax.attention_tpu import tile_attention
+    return functools.partial(tile_attention, interpret=num.interpret)
+
+
+def _windows_by_kernel(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None) -> jax.Array:
+    """window_attention by the platform kernel: each slot is a tile whose key window is itself;
+    the window ids are the segments (an empty entry attends to nothing). -> [N, H, Dh] float32."""
+    from qwen_vit_jax.attention_gpu import NO_KEY
+
+    q, k, v = _kernel_inputs(q, k, v, num, rotary)
+    rows, ids = jnp.maximum(plan.window_tokens, 0), plan.window_ids  # [W, S] each
+    num_slots, slots = rows.shape
+    n, h, dh = q.shape
+    keys, values = (x[rows].reshape(num_slots * slots, h, dh) for x in (k, v))  # [W*S, H, Dh]
+    out = _tile_kernel(num)(
+        q[rows], keys, values, jnp.where(ids >= 0, ids, NO_KEY), ids.reshape(-1), jnp.arange(num_slots) * slots, slots
+    )  # [W, S, H, Dh]
+    return out.reshape(num_slots * slots, h, dh)[plan.window_slot]  # [N, H, Dh]
+
+
+def _tiles_by_kernel(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None) -> jax.Array:
+    """segment_attention's tiles by the platform kernel: a tile's query rows outside its run of
+    frames attend to nothing (exactly 0, as the XLA schedules give). -> [H, T, B, Dh] float32."""
+    from qwen_vit_jax.attention_gpu import NO_KEY
+
+    q, k, v = _kernel_inputs(q, k, v, num, rotary)
+    n, h, dh = q.shape
+    block = plan.bucket.block
+    nb = n // block
+    qt = q.reshape(nb, block, h, dh)[plan.tile_block]  # [T, B, H, Dh]
+    seg = plan.segment_ids.reshape(nb, block)[plan.tile_block]  # [T, B]
+    in_tile = (seg >= plan.tile_first_frame[:, None]) & (seg <= plan.tile_last_frame[:, None])  # [T, B]
+    out = _tile_kernel(num)(
+        qt, k, v, jnp.where(in_tile, seg, NO_KEY), plan.segment_ids, plan.tile_key_start, plan.bucket.key_rows
+    )  # [T, B, H, Dh]
+    return out.transpose(2, 0, 1, 3)  # [H, T, B, Dh]

@@ -90,6 +90,9 @@ class VisionEncoder:
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
+      attention: "xla" (the default: the pure-XLA schedules, the reference) or "kernel" (the
+        device's Pallas kernel: Triton on an NVIDIA GPU, splash on a TPU; the same results at the
+        bars). "triton" / "splash" name one; on a CPU they run in Pallas' interpreter (tests only).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class VisionEncoder:
         tight_after: int | None = 2,
         max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
+        attention: str = "xla",
     ):
         if compilation_cache_dir is not None:
             enable_compilation_cache(compilation_cache_dir)
@@ -116,7 +120,7 @@ class VisionEncoder:
         self.device = self.devices[0]
         # The data axis of several devices; None for one (the single-device path, unchanged).
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
-        self.num = numerics_for(dtype, self.device)
+        self.num = numerics_for(dtype, self.device, attention)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
@@ -438,7 +442,9 @@ def mesh_program(forward_fn, mesh: Mesh):
         out = forward_fn(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
         return jax.tree.map(lambda a: a[None], out)
 
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), data, data), out_specs=data)
+    # check_vma=False: the platforms' attention kernels (Pallas calls) do not declare how their
+    # outputs vary over the mesh axis; every value here varies with its device's slice anyway.
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), data, data), out_specs=data, check_vma=False)
 
 
 def mesh_specs(specs: tuple[jax.ShapeDtypeStruct, planlib.Plan], mesh: Mesh):

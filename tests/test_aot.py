@@ -170,3 +170,19 @@ def test_abstract_model_has_the_loaded_dtypes():
     assert dtypes["blocks.attn.qkv.kernel"] == np.dtype("bfloat16") and dtypes["blocks.attn.qkv.bias"] == np.float32
     with pytest.raises(ValueError, match="platform"):
         qvj.abstract_model(TOWERS["qwen2.5-vl"], platform="npu")
+
+
+@pytest.mark.parametrize("devices_count", [1, 4])
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_kernel_paths_compile_for_the_target(target, devices_count, devices):
+    """attention="kernel" (Triton on the H100, splash on the v5e) lowers and compiles deviceless,
+    on one device and in the mesh program; a video bucket so that tiles straddle frames."""
+    devices(target, devices_count)
+    cfg = TOWERS["qwen2.5-vl"]
+    grid = np.array([[4, 8, 12]]) if devices_count == 4 else np.array([[2, 8, 12], [1, 8, 8]])
+    ((bucket, rows),) = aot.buckets_for(cfg, [grid], devices=devices_count)
+    compiled, report = aot.compile_bucket(
+        aot.target_named(target), cfg, bucket, "bfloat16", devices_count, attention="kernel", patches=rows
+    )
+    kernel_call = "__gpu$xla.gpu.triton" if target == "h100" else "tpu_custom_call"
+    assert kernel_call in compiled.as_text() and report.host_ops == ()
