@@ -59,6 +59,12 @@ class Numerics:
     attention_gpu.py) or "splash" (Pallas splash attention for TPUs, attention_tpu.py). The
     kernels take the same inputs and give the same outputs; `interpret=True` runs them in
     Pallas' interpreter (any backend, slow: for tests on a CPU).
+
+    `mlp_multiple` rounds the MLP's hidden width up to a multiple of it, with zero weights in the
+    added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
+    take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
+    is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
+    call (801 MiB of temp memory and traffic on the 3B tower: docs/accelerators.md).
     """
 
     dtype: str = "float32"
@@ -66,6 +72,7 @@ class Numerics:
     tile_loops: bool = False
     attention: str = "xla"
     interpret: bool = False
+    mlp_multiple: int = 1
 
     def __post_init__(self):
         dtype_named(self.dtype)  # a ValueError for any other name
@@ -76,6 +83,10 @@ class Numerics:
     def operand_dtype(self):
         """Storage dtype of the weight matrices."""
         return dtype_named(self.dtype)
+
+    def mlp_width(self, intermediate_size: int) -> int:
+        """The MLP hidden width the model stores: intermediate_size rounded up to mlp_multiple."""
+        return -(-intermediate_size // self.mlp_multiple) * self.mlp_multiple
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """einsum with operands rounded to the operand dtype and a float32 result."""
@@ -119,7 +130,14 @@ def platform_numerics(dtype: str, platform: str, attention: str = "xla") -> Nume
         raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
     kernel = _kernel(platform, attention)
     cpu = platform == "cpu"
-    return Numerics(dtype, native_bf16=True, tile_loops=cpu, attention=kernel, interpret=cpu and kernel != "xla")
+    return Numerics(
+        dtype,
+        native_bf16=True,
+        tile_loops=cpu,
+        attention=kernel,
+        interpret=cpu and kernel != "xla",
+        mlp_multiple=128 if platform == "tpu" else 1,
+    )
 
 
 def _kernel(platform: str, attention: str) -> str:
