@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import time
 
 import jax
@@ -39,6 +40,10 @@ from qwen_vit_jax.model import VisionTransformer, as_bits
 from qwen_vit_jax.model import abstract_model as _abstract_model
 
 GIB = 1 << 30
+
+
+class CompilerMissing(RuntimeError):
+    """The target's compiler (libtpu, the CUDA plugin) is not installed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +113,19 @@ class Target:
     gpu: GpuSpec | None = None
 
     def devices(self, count: int = 1) -> list:
-        """`count` devices of this target, as a deviceless topology (no device needed)."""
+        """`count` devices of this target, as a deviceless topology (no device needed). A
+        RuntimeError naming the fix when the target's compiler is not installed."""
+        try:
+            return self._devices(count)
+        except (NotImplementedError, RuntimeError) as e:
+            if "not implemented for cuda" in str(e) or "TPU support not installed" in str(e):
+                raise CompilerMissing(
+                    f"cannot compile for {self.description}: its compiler is not installed "
+                    f"(pip install 'qwen_vit_jax[accel]': libtpu, the CUDA plugin and compiler wheels)"
+                ) from None
+            raise
+
+    def _devices(self, count: int) -> list:
         from jax.experimental import topologies
 
         if self.platform == "gpu":
@@ -417,7 +434,11 @@ def main(argv: list[str] | None = None, *, prog: str = "qwen-vit-jax aot") -> in
         f"{target.peak_flops[args.dtype] / 1e12:,.0f} TFLOP/s, {target.bandwidth / 1e12:.2f} TB/s, "
         f"{target.memory_bytes / GIB:.0f} GiB per device)"
     )
-    reports = run(args.target, cfg, grids, args.dtype, args.devices, args.attention, progress=None)
+    try:
+        reports = run(args.target, cfg, grids, args.dtype, args.devices, args.attention, progress=None)
+    except CompilerMissing as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     print(format_reports(reports))
     print(
         "memory: per device, from the compiled program; GFLOP / GB moved: one device's matmuls (operands read "
