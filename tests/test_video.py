@@ -256,3 +256,23 @@ def test_config_from_hf_reads_video_configs(tmp_path):
         PreprocessConfig(video_sampler="qwen9")
     with pytest.raises(ValueError, match="fps"):
         PreprocessConfig(fps=0)
+
+
+# ---- encode ----------------------------------------------------------------------------------------
+def test_encode_video_matches_hf_video_features(clips, tiny_dirs, tiny_encoder):
+    """A decoded, sampled clip through our tiny Qwen2.5-VL tower vs HF's (the same weights, float32):
+    HF's `get_video_features` is its vision tower on pixel_values_videos, split per video; the fp32
+    bars of docs/numerics.md."""
+    from hf_utils import assert_fp32_close
+
+    from qwen_vit_jax.hf_reference import hf_visual, load_hf_vision_tower
+
+    path = clips["h264_330x250_24fps_5s"]
+    pv, grid, ts = preprocess_video(path, fps=2.0, config=tiny_encoder.video_preprocess)
+    assert grid.tolist() == [[5, 18, 24]] and len(ts) == 5  # the reference's grid for this clip at fps 2
+    ours = tiny_encoder.encode_video(path, fps=2.0)
+    direct = tiny_encoder.encode(pv, grid)  # another call may land in another bucket: 1e-6 (numerics.md)
+    assert np.linalg.norm(ours - direct) <= 1e-6 * np.linalg.norm(direct)
+    ref = hf_visual(load_hf_vision_tower(tiny_dirs[0]), pv, grid)
+    assert ours.shape == ref.shape == (5 * 18 * 24 // 4, tiny_encoder.cfg.out_dim)
+    assert_fp32_close(ours, ref)
