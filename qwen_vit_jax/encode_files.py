@@ -110,10 +110,18 @@ def load_inputs(
     from qwen_vit_jax.preprocess import preprocess_images
     from qwen_vit_jax.video import preprocess_video
 
+    every_frame = not (video_cfg.do_sample_frames and (video_cfg.fps or video_cfg.num_frames))
     for path in paths:
         try:
             t0 = time.perf_counter()
             if is_video(path):
+                if every_frame:  # HF's Qwen2-VL processor does the same; a long clip then costs a lot
+                    print(
+                        "note: videos use every frame (the checkpoint's video config samples none, as HF's "
+                        "Qwen2VLVideoProcessor); --fps 2 is what Qwen's own tools use",
+                        file=sys.stderr,
+                    )
+                    every_frame = False
                 pv, grid, ts = preprocess_video(path, config=video_cfg)
                 t, h, w = grid[0].tolist()
                 print(

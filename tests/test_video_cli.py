@@ -99,3 +99,15 @@ def test_encode_video_without_torch(tiny_dirs, tmp_path):
     e = cli.read_embeddings(out)
     assert e.grid_thw[:, 0].tolist() == [2, 2] and len(e.timestamps_of(0)) == 2
     assert pathlib.Path(e.names[0]).name == "clip.webm"
+
+
+def test_every_frame_without_sampling(capsys, tiny_dirs, tmp_path):
+    """The tiny checkpoint ships Qwen2.5-VL's preprocessor_config.json: HF's video processor samples
+    nothing by default, so every frame is used, with a note that says so."""
+    clip = video_samples.write_clip(tmp_path / "c.mov", "png_odd_97x61_7fps_3s")  # 21 frames at 7 fps
+    out = tmp_path / "e.npz"
+    rc, _, err = main(capsys, "encode", tiny_dirs[1], clip, "-o", out)
+    assert rc == 0, err
+    assert err.count("note: videos use every frame") == 1
+    e = cli.read_embeddings(out)
+    assert e.grid_thw[0, 0] == 11 and e.timestamps_of(0)[1] == 2 / 7  # second_per_grid_ts = T / 7 fps
