@@ -61,16 +61,26 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from qwen_vit_jax.preprocess import PreprocessConfig, _patchify, _resize, _to_hwc3, smart_resize
+from qwen_vit_jax.preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    PreprocessConfig,
+    _patchify,
+    _resize,
+    _to_hwc3,
+    smart_resize,
+)
 
 VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
-VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".wmv", ".flv", ".3gp"})
 
 # HF 5.24's class defaults of each video processor (what a field missing from its config gets).
-_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 _VIDEO_DEFAULTS = {
     "Qwen2VLVideoProcessor": dict(
-        min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768, patch_size=14, image_mean=_CLIP_MEAN, image_std=_CLIP_STD
+        min_pixels=128 * 28 * 28,
+        max_pixels=28 * 28 * 768,
+        patch_size=14,
+        image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD,
     ),
     "Qwen3VLVideoProcessor": dict(
         min_pixels=128 * 32 * 32,
