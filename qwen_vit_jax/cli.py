@@ -427,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="if OUT exists, skip the inputs it already holds (by name) and write OUT again "
-        "with the new ones appended; the checkpoint, dtype and pixel limits must match",
+        "with the new ones appended; the checkpoint, dtype, pixel limits and frame sampling must match",
     )
     mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
@@ -448,7 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
         "batches amortise per-call costs, smaller ones use less memory",
     )
     p.add_argument(
-        "--min-pixels", type=int, metavar="N", help="override the preprocessing min_pixels (images; videos: per frame)"
+        "--min-pixels",
+        type=int,
+        metavar="N",
+        help="override the preprocessing min_pixels (also videos': per frame, Qwen3-VL: per clip)",
     )
     p.add_argument(
         "--max-pixels",
