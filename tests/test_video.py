@@ -276,3 +276,30 @@ def test_encode_video_matches_hf_video_features(clips, tiny_dirs, tiny_encoder):
     ref = hf_visual(load_hf_vision_tower(tiny_dirs[0]), pv, grid)
     assert ours.shape == ref.shape == (5 * 18 * 24 // 4, tiny_encoder.cfg.out_dim)
     assert_fp32_close(ours, ref)
+
+
+def test_qwen3_checkpoint_video_config_and_features(clips, tmp_path):
+    """A Qwen3-VL checkpoint with the hub's video_preprocessor_config.json: the converter keeps it,
+    the encoder samples by it (fps 2 by default, 3-D budget, timestamps as the frozen reference) and
+    its tokens equal HF's video features (the tiny tower, fp32 bars)."""
+    from hf_utils import assert_fp32_close
+
+    from qwen_vit_jax import VisionEncoder, convert_checkpoint
+    from qwen_vit_jax.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
+    from qwen_vit_jax.hf_reference import hf_visual, load_hf_vision_tower
+
+    (case,) = [
+        c
+        for c in REFERENCE["cases"]
+        if c["clip"] == "h264_330x250_24fps_5s" and c["config_name"] == "qwen3-vl hub" and not c["call"]
+    ]
+    hf_dir = write_random_hf_checkpoint(TINY_QWEN3_VL, tmp_path / "hf", seed=3)
+    (hf_dir / "video_preprocessor_config.json").write_text(json.dumps(case["config"]))
+    enc = VisionEncoder.from_pretrained(convert_checkpoint(hf_dir, tmp_path / "ours"))
+    vp = enc.video_preprocess
+    assert (vp.video_sampler, vp.fps, vp.min_pixels, vp.max_pixels) == ("qwen3-vl", 2.0, 4096, 25165824)
+    path = clips["h264_330x250_24fps_5s"]
+    pv, grid, ts = preprocess_video(path, config=vp)
+    assert grid[0].tolist() == case["grid_thw"] and ts.tolist() == case["timestamps"]
+    ours = enc.encode_video(path)
+    assert_fp32_close(ours, hf_visual(load_hf_vision_tower(hf_dir), pv, grid))
