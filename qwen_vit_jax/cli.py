@@ -45,6 +45,7 @@ from qwen_vit_jax.encode_files import (  # noqa: F401 (load_image: re-exported, 
     EncodeError,
     encode_files,
     find_inputs,
+    input_patches,
     load_image,
     resume_from,
 )
@@ -124,7 +125,7 @@ def cmd_encode(args) -> int:
             print(f"nothing to do: {out} holds all {len(paths)} inputs")
             return 0
     # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
-    paths = multihost.share(todo, image_cfg, cluster)
+    paths = multihost.share(todo, image_cfg, cluster, lambda p: input_patches(p, image_cfg, video_cfg))
     if sharded:
         print(
             f"process {cluster.index} of {cluster.count}: {len(paths)} of {len(todo)} inputs -> {target}",

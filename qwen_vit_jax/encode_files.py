@@ -142,6 +142,27 @@ def load_inputs(
         yield Item(path, pv, grid, np.full(grid[0, 0], np.nan) if ts is None else np.asarray(ts, np.float64))
 
 
+def input_patches(path: str, image_cfg: PreprocessConfig, video_cfg: PreprocessConfig) -> int:
+    """Patches an input will have, from headers alone (what the split across processes balances):
+    an image's size, a video's container metadata with the sampling and sizing of `video_cfg`. 0 for
+    a file that cannot be read: it fails later, in the one process that owns it."""
+    from qwen_vit_jax.multihost import image_patches
+
+    if not is_video(path):
+        return image_patches(path, image_cfg)
+    from qwen_vit_jax.video import frame_size, probe, sample_indices
+
+    try:
+        info = probe(path)
+        cfg = video_cfg
+        fps, num = (cfg.fps, cfg.num_frames) if cfg.do_sample_frames else (None, None)
+        n = len(sample_indices(info.total_frames, info.fps, cfg, fps=fps, num_frames=num))
+        h, w = frame_size(n, info.height, info.width, cfg) if cfg.do_resize else (info.height, info.width)
+    except Exception:  # noqa: BLE001 (any unreadable header: the owning process reports it)
+        return 0
+    return -(-n // cfg.temporal_patch_size) * (h // cfg.patch_size) * (w // cfg.patch_size)
+
+
 # ---- resume --------------------------------------------------------------------------------------
 def resume_from(target, meta: dict) -> Embeddings:
     """The embeddings already in `target`, checked to come from the same checkpoint and settings."""

@@ -111,3 +111,22 @@ def test_every_frame_without_sampling(capsys, tiny_dirs, tmp_path):
     assert err.count("note: videos use every frame") == 1
     e = cli.read_embeddings(out)
     assert e.grid_thw[0, 0] == 11 and e.timestamps_of(0)[1] == 2 / 7  # second_per_grid_ts = T / 7 fps
+
+
+def test_input_patches_from_headers(mixed_dir, tmp_path):
+    """What several processes balance: a video's patch count from its container's metadata, equal
+    to what preprocess_video makes of it; an unreadable file counts 0 (its owner reports it)."""
+    import dataclasses
+
+    from qwen_vit_jax.encode_files import input_patches
+    from qwen_vit_jax.preprocess import PreprocessConfig
+    from qwen_vit_jax.video import QWEN3_VL_VIDEO, VIDEO_DEFAULT
+
+    image_cfg = PreprocessConfig()
+    for cfg in (QWEN3_VL_VIDEO, dataclasses.replace(VIDEO_DEFAULT, do_sample_frames=True, fps=2.0), VIDEO_DEFAULT):
+        for name in ("b_clip.mp4", "d_clip"):
+            rows = len(preprocess_video(str(mixed_dir / name), config=cfg)[0])
+            assert input_patches(str(mixed_dir / name), image_cfg, cfg) == rows
+    assert input_patches(str(mixed_dir / "a.png"), image_cfg, VIDEO_DEFAULT) == 6 * 4
+    (tmp_path / "bad.mp4").write_bytes(b"nope")
+    assert input_patches(str(tmp_path / "bad.mp4"), image_cfg, VIDEO_DEFAULT) == 0
