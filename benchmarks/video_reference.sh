@@ -2,7 +2,8 @@
 # The HF reference for video: transformers 5.24's Qwen2VLVideoProcessor / Qwen3VLVideoProcessor need
 # torchvision, whose registry wheel links the CUDA build of torch and does not load beside the CPU
 # torch of the test extra. So the reference runs in a venv of its own (torch 2.14.1 + torchvision
-# 0.29.1, ~5.5 GB; pip takes them from local files on this machine kind), never in CI's.
+# 0.29.1, ~5.5 GB; pip takes them from local files where the machine carries them, else from the
+# registry), never in CI's.
 #
 #   bash benchmarks/video_reference.sh            # build the venv once, then run the reference
 #   VENV=/elsewhere bash benchmarks/video_reference.sh --out /tmp/ref.json
