@@ -6,6 +6,7 @@
     emb = enc.encode(pixel_values, grid_thw)      # [N // 4, out_dim]
     embs = enc.encode_images(images)              # one [tokens, out_dim] array per image
     pv, thw = qvj.preprocess_images(images)
+    pv, thw, ts = qvj.preprocess_video("clip.mp4", fps=2.0)   # decode + sample as HF's video processors
     enc = qvj.VisionEncoder.from_pretrained(out_dir, devices=jax.local_devices())  # several devices
     e = qvj.read_embeddings("emb.safetensors")    # what `qwen-vit-jax encode` wrote (or its shards)
 
@@ -38,7 +39,7 @@ _EXPORTS = {
     "load_model": "model",
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
-    "preprocess_video": "preprocess",
+    "preprocess_video": "video",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

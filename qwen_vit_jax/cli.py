@@ -3,12 +3,13 @@
     qwen-vit-jax demo                                    # random weights, no download, < 2 min
     qwen-vit-jax convert ~/Qwen2.5-VL-3B-Instruct q3b    # HF checkpoint -> our params
     qwen-vit-jax verify ~/Qwen2.5-VL-3B-Instruct q3b     # vs HF transformers (needs torch)
-    qwen-vit-jax encode q3b photos/ -o photos.safetensors
+    qwen-vit-jax encode q3b photos/ clips/ -o emb.safetensors --fps 2
     qwen-vit-jax encode q3b photos/ -o emb.safetensors --coordinator h0:1234 --num-processes 2 --process-id 0
     qwen-vit-jax bench q3b --sizes 16x16,36x36
 
-Argument parsing and command glue. The embeddings file format is embeddings.py (re-exported here
-for old users: `qwen_vit_jax.cli.read_embeddings`), batching and progress batching.py, several
+Argument parsing and command glue. encode's inputs (finding, loading images and videos, the loop
+with progress, --keep-going and --resume) are encode_files.py, the embeddings file format
+embeddings.py (re-exported here for old users: `qwen_vit_jax.cli.read_embeddings`), several
 processes multihost.py.
 
 Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
@@ -21,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import pathlib
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from qwen_vit_jax.batching import Progress, pack, prefetch
+from qwen_vit_jax.batching import Progress  # noqa: F401 (re-exported, its old home)
 from qwen_vit_jax.embeddings import (  # noqa: F401 (read_embeddings: re-exported, its old home)
     FORMAT,
     LAYOUT,
@@ -40,15 +39,21 @@ from qwen_vit_jax.embeddings import (  # noqa: F401 (read_embeddings: re-exporte
     read_embeddings,
     write_embeddings,
 )
+from qwen_vit_jax.encode_files import (  # noqa: F401 (load_image: re-exported, its old home)
+    IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
+    EncodeError,
+    encode_files,
+    find_inputs,
+    input_patches,
+    load_image,
+    resume_from,
+)
 
 PROG = "qwen-vit-jax"
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".jfif"}
-)
-SAVE_EVERY_S = 600.0  # encode rewrites OUT with the images done so far at most this often
 
 
-class CommandError(Exception):
+class CommandError(EncodeError):
     """A failure to report as `error: <message>` with exit status 1."""
 
 
@@ -57,55 +62,6 @@ def _error(msg: str) -> None:
 
 
 # ---- encode ---------------------------------------------------------------------------------------
-def find_images(inputs: Iterable[str], recursive: bool = False) -> list[str]:
-    """Files as given, folders expanded to their image files (sorted by name, hidden files and
-    non-image suffixes skipped; sub-folders only with `recursive`). Duplicates are dropped."""
-    found: list[str] = []
-    for item in inputs:
-        if os.path.isdir(item):
-            if recursive:
-                for root, dirs, files in os.walk(item):
-                    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                    found += [os.path.join(root, f) for f in sorted(files) if _is_image_name(f)]
-            else:
-                found += sorted(
-                    os.path.join(item, e.name) for e in os.scandir(item) if e.is_file() and _is_image_name(e.name)
-                )
-        elif os.path.isfile(item):
-            found.append(item)
-        else:
-            raise CommandError(f"input not found: {item}")
-    return list(dict.fromkeys(os.path.normpath(p) for p in found))
-
-
-def _is_image_name(name: str) -> bool:
-    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
-
-
-def load_image(path: str):
-    """Decode an image file fully, EXIF orientation applied (as HF's `load_image` does). Colour
-    conversion (palette, grey, alpha onto white) is left to preprocessing."""
-    from PIL import Image, ImageOps
-
-    with Image.open(path) as im:
-        im.load()
-        return ImageOps.exif_transpose(im)
-
-
-def _load_images(paths: list[str], preprocess, failed: list[tuple[str, str]]) -> Iterator[tuple]:
-    """(name, pixel_values, grid_thw) of each of `paths` that loads and preprocesses, in order; a
-    file that does not is recorded in `failed` as (path, reason) and skipped."""
-    from qwen_vit_jax.preprocess import preprocess_images
-
-    for path in paths:
-        try:
-            pv, grid = preprocess_images([load_image(path)], config=preprocess)
-        except Exception as e:  # noqa: BLE001 (any decoder / preprocessing failure: name the file, go on)
-            failed.append((path, f"{type(e).__name__}: {e}"))
-            continue
-        yield path, pv, grid
-
-
 def cmd_encode(args) -> int:
     from qwen_vit_jax import multihost
     from qwen_vit_jax.embeddings import check_suffix, index_path, read_names, shard_path, write_index
@@ -118,8 +74,9 @@ def cmd_encode(args) -> int:
         tempfile.TemporaryFile(dir=out.parent).close()
     except OSError as e:
         raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
-    if args.batch_patches is not None and args.batch_patches <= 0:
-        raise CommandError(f"--batch-patches must be positive, got {args.batch_patches}")
+    for flag in ("batch_patches", "num_frames", "max_frames", "fps"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     # before anything touches a device: jax.distributed must start first
     cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     sharded = cluster.count > 1
@@ -133,34 +90,27 @@ def cmd_encode(args) -> int:
     shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
     if (found := [p for p in shards if p.exists()]) and not (args.resume or args.overwrite):
         raise CommandError(f"{found[0]} exists: --resume adds the missing inputs to it, --overwrite replaces it")
-    paths = find_images(args.inputs, args.recursive)
+    paths = find_inputs(args.inputs, args.recursive)
     if not paths:
         raise CommandError(
-            "no input images found (folders are searched for "
-            f"{', '.join(sorted(IMAGE_SUFFIXES))}; --recursive for sub-folders)"
+            "no input images or videos found (folders are searched for "
+            f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))}; --recursive for sub-folders)"
         )
 
     enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
-    limits = (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels))
-    preprocess = dataclasses.replace(enc.preprocess, **{k: v for k, v in limits if v is not None})
+    limits = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
+    image_cfg = dataclasses.replace(enc.preprocess, **limits)
+    video_cfg = dataclasses.replace(enc.video_preprocess, **limits, **_sampling(args))
     meta = {
         "format": FORMAT,
         "version": VERSION,
         "checkpoint": str(pathlib.Path(args.checkpoint).resolve()),
         "dtype": enc.dtype,
-        "preprocess": preprocess.to_dict(),
+        "preprocess": image_cfg.to_dict(),
+        "video_preprocess": video_cfg.to_dict(),
     }
-    old, done = None, set()
-    if args.resume and target.exists():
-        old = read_embeddings(target)
-        for key in ("checkpoint", "dtype", "preprocess"):
-            if old.metadata.get(key) != meta[key]:
-                raise CommandError(
-                    f"--resume: {target} was written with {key} {old.metadata.get(key)!r}, "
-                    f"this run uses {meta[key]!r}; mixing them in one file would be "
-                    "silently wrong"
-                )
-        done = set(old.names)
+    old = resume_from(target, meta) if args.resume and target.exists() else None
+    done = set() if old is None else set(old.names)
     if args.resume and sharded:  # what the other processes' shards hold is done too
         for i in range(cluster.count):
             if i != cluster.index and shard_path(out, i, cluster.count).exists():
@@ -175,68 +125,32 @@ def cmd_encode(args) -> int:
             print(f"nothing to do: {out} holds all {len(paths)} inputs")
             return 0
     # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
-    paths = multihost.share(todo, preprocess, cluster)
+    paths = multihost.share(todo, image_cfg, cluster, lambda p: input_patches(p, image_cfg, video_cfg))
     if sharded:
         print(
             f"process {cluster.index} of {cluster.count}: {len(paths)} of {len(todo)} inputs -> {target}",
             file=sys.stderr,
         )
-
-    failed: list[tuple[str, str]] = []
-    names: list[str] = []
-    grids: list[np.ndarray] = []  # [1, 3] each
-    embs: list[np.ndarray] = []  # [tokens, D] each
-
-    def save() -> None:
-        """Write what is done so far (old file + new images) to the target, atomically."""
-        new = Embeddings(
-            np.concatenate([np.zeros((0, enc.cfg.out_dim), np.float32), *embs]),
-            np.concatenate([np.zeros((0, 3), np.int64), *grids]),
-            np.concatenate([[0], np.cumsum([len(e) for e in embs])]).astype(np.int64),
-            names,
-            meta,
-        )
-        write_embeddings(target, new if old is None else Embeddings.concatenate([old, new], meta))
-
-    batch_patches = args.batch_patches or enc.max_batch_patches
-    t0 = last_save = time.perf_counter()
-    progress = Progress(len(paths))
-    batches = prefetch(pack(_load_images(paths, preprocess, failed), batch_patches, lambda item: len(item[1])))
-    try:
-        for batch in batches:
-            grid = np.concatenate([g for _, _, g in batch])
-            emb = enc.encode(np.concatenate([pv for _, pv, _ in batch]), grid)
-            cuts = np.cumsum([len(pv) // enc.cfg.merge_unit for _, pv, _ in batch])[:-1]
-            embs += np.split(emb, cuts)
-            grids += [g[None] for g in grid]
-            names += [name for name, _, _ in batch]
-            progress.update_to(len(names) + len(failed))  # failures are counted as processed
-            if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
-                save()
-                last_save = time.perf_counter()
-        progress.update_to(len(names) + len(failed))  # failures after the last batch
-    except KeyboardInterrupt:
-        if names:
-            save()
-            raise CommandError(
-                f"interrupted: {len(names)} new images written to {target}; the same command with --resume continues"
-            ) from None
-        raise
-    finally:
-        batches.close()
-        progress.close()
-    seconds = time.perf_counter() - t0
-    for path, reason in failed:
-        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
-    if not names and paths and not sharded:
-        raise CommandError(f"none of the {len(paths)} inputs could be read; nothing written")
-    save()  # with several processes also an empty shard: the set must be complete
-    held = len(names) + (0 if old is None else len(old.names))
+    # With several processes an unreadable input is skipped, as with --keep-going: every process must
+    # reach the end, where the shards are indexed together.
+    r = encode_files(
+        enc,
+        paths,
+        target,
+        meta,
+        old,
+        image_cfg=image_cfg,
+        video_cfg=video_cfg,
+        batch_patches=args.batch_patches or enc.max_batch_patches,
+        keep_going=args.keep_going or sharded,
+        save_empty=sharded,
+    )
+    held = len(r.names) + (0 if old is None else len(old.names))
     print(
-        f"encoded {len(names)} images ({sum(len(e) for e in embs):,} tokens x {enc.cfg.out_dim}) in "
-        f"{seconds:.1f} s ({len(names) / max(seconds, 1e-9):.1f} images/s on {len(enc.devices)} device(s); "
+        f"encoded {len(r.names)} inputs ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
+        f"({len(r.names) / max(r.seconds, 1e-9):.1f} inputs/s on {len(enc.devices)} device(s); "
         f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
-        f"({held} images)"
+        f"({held} inputs)"
     )
     if sharded:
         multihost.barrier("qwen_vit_jax encode: all shards written")
@@ -246,12 +160,23 @@ def cmd_encode(args) -> int:
                 f"index: {index_path(out)} lists the {cluster.count} shards; read them with "
                 f"qwen_vit_jax.read_embeddings({str(out)!r})"
             )
-    if failed:
+    if r.failed:
         raise CommandError(
-            f"{len(failed)} of {len(paths)} inputs could not be read (listed above); "
+            f"{len(r.failed)} of {len(paths)} inputs could not be read (listed above); "
             f"{target} holds the others: fix or remove them and rerun with --resume"
         )
     return 0
+
+
+def _sampling(args) -> dict:
+    """--fps / --num-frames / --max-frames as video PreprocessConfig fields (what a call's
+    fps= / num_frames= / max_frames= do; recorded in OUT's metadata, checked by --resume)."""
+    if args.fps is not None and args.num_frames is not None:
+        raise CommandError("--fps and --num-frames are mutually exclusive")
+    kw = {"max_frames": args.max_frames} if args.max_frames is not None else {}
+    if args.fps is not None or args.num_frames is not None:
+        kw.update(do_sample_frames=True, fps=args.fps, num_frames=args.num_frames)
+    return kw
 
 
 def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
@@ -402,17 +327,21 @@ def cmd_demo(args) -> int:
 
 # ---- the parser -----------------------------------------------------------------------------------
 ENCODE_HELP = f"""\
-Encode image files (or folders of them) with a converted checkpoint and write every image's
-merged-token embeddings to one file, atomically (a temporary file renamed into place).
-Preprocessing follows the checkpoint's preprocessor_config.json (HF's defaults without one),
-with EXIF orientation applied.
+Encode image and video files (or folders of them) with a converted checkpoint and write every
+input's merged-token embeddings to one file, atomically (a temporary file renamed into place).
+Images follow the checkpoint's preprocessor_config.json (HF's defaults without one), EXIF
+orientation applied. Videos (told apart by extension, else by content; decoding needs PyAV:
+pip install 'qwen_vit_jax[video]') are decoded, sampled and sized as HF's video processor for the
+checkpoint does (its video_preprocessor_config.json, else preprocessor_config.json): --fps,
+--num-frames and --max-frames override its sampling; one progress line per video on stderr.
 
 {LAYOUT}
-unreadable inputs: a file that cannot be decoded or preprocessed is skipped with a warning
-naming it; the others are encoded and written, and the exit status is 1. Fix or remove the
-file, then rerun the same command with --resume to add it.
+unreadable inputs: a file that cannot be decoded or preprocessed (a corrupt or truncated video,
+say) stops the run with an error naming it; the inputs finished before it are written. With
+--keep-going it is skipped with a warning instead, the others are encoded and written, and the
+exit status is 1. Fix or remove the file, then rerun the same command with --resume to add it.
 
-interruptions: OUT is rewritten with the images done so far every 10 minutes and on Ctrl-C;
+interruptions: OUT is rewritten with the inputs done so far every 10 minutes and on Ctrl-C;
 the same command with --resume continues from there. The embeddings are held in memory until
 written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's D = 2048), so
 encode very large collections into several files.
@@ -425,7 +354,8 @@ several processes / hosts: run the same command on the same inputs in every proc
 a Cloud TPU slice or Kubernetes). The inputs are cut into N consecutive slices of nearly equal
 patch count; process I writes OUT-stem-0000I-of-0000N.suffix (e.g. emb-00001-of-00002.safetensors),
 and process 0, once every shard exists, OUT.index.json. qwen_vit_jax.read_embeddings(OUT) reads
-the set in input order. --resume works per shard (same inputs, same N). See docs/multi_device.md.
+the set in input order. --resume works per shard (same inputs, same N); unreadable inputs are
+skipped as with --keep-going. See docs/multi_device.md.
 """
 
 VERIFY_HELP = """\
@@ -463,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         formatter_class=fmt,
         description="The Qwen2-VL / Qwen2.5-VL vision tower in JAX: convert HF checkpoints, encode\n"
-        "images, check against HF transformers, benchmark, and a no-download demo.",
+        "images and videos, check against HF transformers, benchmark, and a no-download demo.",
         epilog=f"Start with `{PROG} demo`. `{PROG} COMMAND --help` explains each command.",
     )
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
@@ -474,16 +404,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "encode",
         formatter_class=fmt,
-        help="images -> embeddings file (.safetensors / .npz)",
+        help="images and videos -> embeddings file (.safetensors / .npz)",
         description=ENCODE_HELP,
-        epilog=f"example: {PROG} encode q3b photos/ extra.jpg -o photos.safetensors --max-pixels 1003520",
+        epilog=f"example: {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520",
     )
     p.add_argument("checkpoint", metavar="CKPT", help="converted checkpoint directory (from `convert`)")
     p.add_argument(
         "inputs",
         metavar="INPUT",
         nargs="+",
-        help="image files, or folders: their image files (" + " ".join(sorted(IMAGE_SUFFIXES)) + "), sorted by name",
+        help="image or video files, or folders: their image and video files ("
+        + " ".join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))
+        + "), sorted by name",
     )
     p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file, .safetensors or .npz")
     p.add_argument(
@@ -497,10 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="if OUT exists, skip the inputs it already holds (by name) and write OUT again "
-        "with the new ones appended; the checkpoint, dtype and pixel limits must match",
+        "with the new ones appended; the checkpoint, dtype, pixel limits and frame sampling must match",
     )
     mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="skip inputs that cannot be read (each named in a warning; exit status 1) instead of stopping",
+    )
+    g = p.add_argument_group("video frame sampling (default: the checkpoint's video config)")
+    g.add_argument("--fps", type=float, metavar="F", help="sample F frames per second of video")
+    g.add_argument("--num-frames", type=int, metavar="N", help="or sample N frames spread evenly over each video")
+    g.add_argument("--max-frames", type=int, metavar="N", help="sample at most N frames per video")
     p.add_argument(
         "--batch-patches",
         type=int,
@@ -508,7 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="most patches per forward call (default: the encoder's, 16384 per device); larger "
         "batches amortise per-call costs, smaller ones use less memory",
     )
-    p.add_argument("--min-pixels", type=int, metavar="N", help="override the preprocessing min_pixels")
+    p.add_argument(
+        "--min-pixels",
+        type=int,
+        metavar="N",
+        help="override the preprocessing min_pixels (also videos': per frame, Qwen3-VL: per clip)",
+    )
     p.add_argument(
         "--max-pixels",
         type=int,

@@ -14,6 +14,7 @@ A converted directory holds:
   params.safetensors         flat NNX paths, blocks stacked over depth, deepstack mergers stacked
                              over their taps, kernels [in, out]
   preprocessor_config.json   copied from the HF directory when present
+  video_preprocessor_config.json   likewise (Qwen3-VL checkpoints ship one)
 No torch, transformers or jax is imported here.
 """
 
@@ -49,6 +50,7 @@ from qwen_vit_jax.safetensors_io import (  # noqa: F401 (CheckpointError, read_s
 
 FORMAT, FORMAT_VERSION = "qwen_vit_jax", 1
 CONFIG_FILE, PARAMS_FILE, PREPROCESSOR_FILE = "config.json", "params.safetensors", "preprocessor_config.json"
+VIDEO_PREPROCESSOR_FILE = "video_preprocessor_config.json"
 
 
 # The safetensors reader / writer and CheckpointError live in safetensors_io.py (re-exported here).
@@ -409,9 +411,10 @@ def convert_checkpoint(
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        if (hf_dir / PREPROCESSOR_FILE).is_file():
-            shutil.copyfile(hf_dir / PREPROCESSOR_FILE, tmp / PREPROCESSOR_FILE)
-            _fsync(tmp / PREPROCESSOR_FILE)
+        for name in (PREPROCESSOR_FILE, VIDEO_PREPROCESSOR_FILE):
+            if (hf_dir / name).is_file():
+                shutil.copyfile(hf_dir / name, tmp / name)
+                _fsync(tmp / name)
         _fsync(tmp)
         _install(tmp, out)
     except BaseException:

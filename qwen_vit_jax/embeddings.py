@@ -1,7 +1,8 @@
 """The embeddings file `qwen-vit-jax encode` writes, and its sharded form (one file per process).
 
     e = qvj.read_embeddings("emb.safetensors")   # one file, or the shards of a multi-process run
-    e[i]                                          # image i's tokens [tokens_i, D]
+    e[i]                                          # input i's tokens [tokens_i, D]
+    e.timestamps_of(i)                            # a video's seconds per temporal patch, or None
     qvj.write_embeddings("emb.npz", e)            # atomically
 
 A run of N processes writes `emb-00000-of-0000N.safetensors` ... (one per process, each the
@@ -27,16 +28,21 @@ INDEX_FORMAT = "qwen_vit_jax.embeddings.index"
 SUFFIXES = (".safetensors", ".npz")
 
 LAYOUT = """\
-output layout (.safetensors or .npz, chosen by OUT's extension), k images, T tokens in all:
-  embeddings  float32 [T, D]   every image's merged tokens, images concatenated in input order
-  grid_thw    int64   [k, 3]   (t, h, w) patch grid of each image (t = 1)
-  offsets     int64   [k + 1]  image i is embeddings[offsets[i]:offsets[i+1]]
-                               ((h / 2) * (w / 2) tokens in raster order over the merged grid)
-  names       the source path of each image, as given on the command line (a folder joined
+output layout (.safetensors or .npz, chosen by OUT's extension), k inputs (images and videos),
+T tokens in all:
+  embeddings  float32 [T, D]   every input's merged tokens, inputs concatenated in input order
+  grid_thw    int64   [k, 3]   (t, h, w) patch grid of each input (t = 1 for an image)
+  offsets     int64   [k + 1]  input i is embeddings[offsets[i]:offsets[i+1]]
+                               (t * (h / 2) * (w / 2) tokens, raster order over each merged frame)
+  timestamps  float64 [sum t]  seconds of each temporal patch, inputs concatenated (input i's t
+                               values follow the t values of the inputs before it); NaN for images
+                               and for videos whose model reads no time (Qwen2-VL)
+  names       the source path of each input, as given on the command line (a folder joined
               with the file name): .npz an array `names` [k] of str; .safetensors the JSON
               list in the header metadata under "names"
-  metadata    format, version, checkpoint, dtype and preprocessing settings: .npz a JSON
-              string `metadata`; .safetensors the header metadata
+  metadata    format, version, checkpoint, dtype, image and video preprocessing settings
+              (video: the frame sampling too): .npz a JSON string `metadata`; .safetensors the
+              header metadata
 With several processes, process I of N writes OUT-stem-0000I-of-0000N.suffix in this layout and
 process 0 then writes OUT.index.json listing the shards.
 Read it back with numpy (np.load(OUT)) or safetensors, or qwen_vit_jax.read_embeddings(OUT)
@@ -57,13 +63,25 @@ class Embeddings:
     offsets: np.ndarray  # int64 [k + 1]
     names: list[str]
     metadata: dict
+    timestamps: np.ndarray | None = None  # float64 [sum t]; None: all NaN (a file of images only)
+
+    def __post_init__(self):
+        if self.timestamps is None and np.ndim(self.grid_thw) == 2:
+            self.timestamps = np.full(int(np.sum(self.grid_thw[:, 0])), np.nan)
 
     def __len__(self) -> int:
         return len(self.names)
 
     def __getitem__(self, i: int) -> np.ndarray:
-        """Image i's tokens: [offsets[i+1] - offsets[i], D]."""
+        """Input i's tokens: [offsets[i+1] - offsets[i], D]."""
         return self.embeddings[self.offsets[i] : self.offsets[i + 1]]
+
+    def timestamps_of(self, i: int) -> np.ndarray | None:
+        """Input i's seconds per temporal patch, float64 [t_i]; None for an image or a video whose
+        model reads no time."""
+        start = int(np.sum(self.grid_thw[:i, 0]))
+        ts = self.timestamps[start : start + int(self.grid_thw[i, 0])]
+        return None if np.isnan(ts).all() else ts
 
     @classmethod
     def concatenate(cls, parts: list[Embeddings], metadata: dict) -> Embeddings:
@@ -75,6 +93,7 @@ class Embeddings:
             np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             [n for p in parts for n in p.names],
             metadata,
+            np.concatenate([p.timestamps for p in parts]),
         )
 
 
@@ -129,7 +148,7 @@ def read_embeddings(path: str | os.PathLike) -> Embeddings:
             )
         parts.append(e)
     for p, (name, _, _) in zip(parts[1:], shards[1:]):
-        for key in ("checkpoint", "dtype", "preprocess"):
+        for key in ("checkpoint", "dtype", "preprocess", "video_preprocess"):
             if p.metadata.get(key) != parts[0].metadata.get(key):
                 raise EmbeddingsError(
                     f"{name} was written with {key} {p.metadata.get(key)!r}, {shards[0][0]} with "
@@ -156,7 +175,11 @@ def _read_file(path: pathlib.Path) -> Embeddings:
             meta = dict(f.metadata)
             names = json.loads(meta.pop("names"))
             meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
-        e = Embeddings(arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta)
+            if "video_preprocess" in meta:
+                meta["video_preprocess"] = json.loads(meta["video_preprocess"])
+        e = Embeddings(
+            arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta, arrays.get("timestamps")
+        )
     except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
         raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
     k = len(e.names)
@@ -169,6 +192,7 @@ def _read_file(path: pathlib.Path) -> Embeddings:
         and e.offsets[0] == 0
         and e.offsets[-1] == len(e.embeddings)
         and np.all(np.diff(e.offsets) >= 0)
+        and e.timestamps.shape == (int(np.sum(e.grid_thw[:, 0])),)
     )
     if not ok:
         raise EmbeddingsError(
@@ -188,6 +212,7 @@ def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
         "embeddings": np.asarray(e.embeddings, np.float32),
         "grid_thw": np.asarray(e.grid_thw, np.int64),
         "offsets": np.asarray(e.offsets, np.int64),
+        "timestamps": np.asarray(e.timestamps, np.float64),
     }
 
     def write(tmp: str, fd: int) -> None:

@@ -38,7 +38,7 @@ from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.batching import pack
 from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, as_bits, fill_state
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
+from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images
 
 
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
@@ -75,7 +75,9 @@ class VisionEncoder:
       device: where to run (default: this process's first device, jax.local_devices()[0]).
       devices: several local devices to share the work (frames balanced across them, largest
         first; parameters replicated on each). Exclusive with `device`; one device is `device`.
-      preprocess: image preprocessing for encode_images / encode_video (default: HF's).
+      preprocess: image preprocessing for encode_images (default: HF's).
+      video_preprocess: video sampling and preprocessing for encode_video (default: the checkpoint's
+        video config, else HF's video-processor defaults for this tower's variant).
       max_batch_patches: encode_images packs images into calls of at most this many patches
         (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
       tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
@@ -105,6 +107,7 @@ class VisionEncoder:
         device: jax.Device | None = None,
         devices: list[jax.Device] | None = None,
         preprocess: PreprocessConfig | None = None,
+        video_preprocess: PreprocessConfig | None = None,
         max_batch_patches: int | None = None,
         tight_after: int | None = 2,
         max_tight_buckets: int = 16,
@@ -123,6 +126,7 @@ class VisionEncoder:
         self.num = numerics_for(dtype, self.device, attention)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
+        self.video_preprocess = video_preprocess or video_config_for(None, cfg)
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
@@ -152,6 +156,8 @@ class VisionEncoder:
         pre = os.path.join(path, "preprocessor_config.json")
         if os.path.exists(pre) and "preprocess" not in kwargs:
             kwargs["preprocess"] = PreprocessConfig.from_hf(pre)
+        if "video_preprocess" not in kwargs:
+            kwargs["video_preprocess"] = video_config_for(path, cfg)
         return cls(cfg, params, dtype=dtype, **kwargs)
 
     @property
@@ -229,9 +235,20 @@ class VisionEncoder:
             images = [images]
         return self._encode_many([preprocess_images([im], config=self.preprocess) for im in images])
 
-    def encode_video(self, frames) -> np.ndarray:
-        """One video (a list of frames) -> float32 [t * h * w / merge_unit, out_dim]."""
-        return self._encode_many([preprocess_video(frames, config=self.preprocess)])[0]
+    def encode_video(self, video, **sampling) -> np.ndarray:
+        """One video, decoded and sampled by `preprocess_video` with `video_preprocess` (the checkpoint's
+        video config, else HF's video-processor defaults for this tower).
+
+        Args:
+          video: a file path or decoded frames (see `qwen_vit_jax.preprocess_video`).
+          sampling: fps / num_frames / max_frames / source_fps / min_pixels / max_pixels, passed on.
+        Returns:
+          float32 [t * h * w / merge_unit, out_dim]; the timestamps: `preprocess_video`'s third value.
+        """
+        from qwen_vit_jax.video import preprocess_video
+
+        pv, grid, _ = preprocess_video(video, config=self.video_preprocess, **sampling)
+        return self._encode_many([(pv, grid)])[0]
 
     def _encode_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """Encode (pixel_values, grid_thw) items, packing consecutive ones into calls of at
@@ -480,3 +497,18 @@ def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
         f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
         f"{int(bad.sum())} bad row(s) in all"
     )
+
+
+def video_config_for(path: str | os.PathLike | None, cfg: VisionConfig) -> PreprocessConfig:
+    """The video PreprocessConfig of a converted checkpoint: its video_preprocessor_config.json, else
+    its preprocessor_config.json (HF's fallback), else HF's video-processor class defaults; with the
+    frame sampling and timestamps of this tower's variant (Qwen2-VL and Qwen2.5-VL share HF's video
+    processor class but not their timestamps)."""
+    from qwen_vit_jax.video import VIDEO_CONFIG_FILE, sampler_for_variant
+
+    sampler = sampler_for_variant(cfg.variant)
+    files = [] if path is None else [os.path.join(path, f) for f in (VIDEO_CONFIG_FILE, "preprocessor_config.json")]
+    found = next((f for f in files if os.path.isfile(f)), None)
+    base = {"video_processor_type": "Qwen3VLVideoProcessor" if sampler == "qwen3-vl" else "Qwen2VLVideoProcessor"}
+    vp = PreprocessConfig.from_hf(found if found else base, video=True)
+    return vp if sampler is None else dataclasses.replace(vp, video_sampler=sampler)

@@ -89,12 +89,14 @@ def image_patches(path: str, preprocess: PreprocessConfig) -> int:
     return (h // preprocess.patch_size) * (w // preprocess.patch_size)
 
 
-def share(paths: list[str], preprocess: PreprocessConfig, cluster: Cluster) -> list[str]:
+def share(paths: list[str], preprocess: PreprocessConfig, cluster: Cluster, patches=None) -> list[str]:
     """This process's consecutive slice of `paths`, the slices balanced by patch count (every
-    process computes the same split: same files, same headers)."""
+    process computes the same split: same files, same headers). `patches(path)` counts an input's
+    patches (default: `image_patches` with `preprocess`)."""
     if cluster.count == 1:
         return paths
-    a, b = split_even([image_patches(p, preprocess) for p in paths], cluster.count)[cluster.index]
+    count = patches or (lambda p: image_patches(p, preprocess))
+    a, b = split_even([count(p) for p in paths], cluster.count)[cluster.index]
     return paths[a:b]
 
 

@@ -26,12 +26,8 @@ Input conventions (where HF is ambiguous or looser, we are explicit):
   * PIL images are converted exactly like HF: images with an alpha band or a `transparency` entry
     are alpha-composited onto opaque white with PIL, anything else goes through `.convert("RGB")`.
 
-Video: HF's `Qwen2VLVideoProcessor` needs torchvision (resizes with torch, not PIL) and is not
-matched. `preprocess_video` applies the image pipeline above to every frame (one size for the
-whole video, from the frame size) and patchifies with HF's video layout: frames grouped in runs of
-`temporal_patch_size` (an incomplete last run repeats the last frame), rows ordered
-(t, merge unit, ...) and each row (C, T, ph, pw). Note HF's video processor has its own default
-pixel range (min 128*28*28, max 768*28*28); pass min_pixels / max_pixels to use it.
+Video (decoding, frame sampling, HF's video processors' sizing and timestamps) is video.py: it
+runs this module's per-frame steps and patchify. PreprocessConfig carries its settings.
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ from qwen_vit_jax.config import load_json_object
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _CHUNK = 256  # patch rows per rescale / normalise step
+VIDEO_SAMPLERS = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")  # HF's video processors' frame sampling (video.py)
 _PIL_FILTERS = tuple(sorted(int(f) for f in Image.Resampling))  # PIL resample ids: NEAREST=0 .. BICUBIC=3 ..
 
 
@@ -71,6 +68,15 @@ class PreprocessConfig:
     do_rescale: bool = True
     do_normalize: bool = True
     do_convert_rgb: bool = True
+    # Video (video.py; images ignore these). Defaults: HF 5.24's Qwen2VLVideoProcessor class values.
+    video_sampler: str = "qwen2-vl"  # whose frame sampling and timestamps: qwen2-vl | qwen2.5-vl | qwen3-vl
+    do_sample_frames: bool = False  # apply `fps` / `num_frames` below when a call passes neither
+    fps: float | None = None  # frames per second to sample
+    num_frames: int | None = None  # or a fixed count (mutually exclusive with fps)
+    min_frames: int = 4
+    max_frames: int = 768
+    cap_pixels_per_frame: bool = False  # HF's (qwen-vl-utils') per-frame share of a total budget
+    max_video_tokens: int | None = None  # that budget; None: the sampler's HF default (128000 / 768)
 
     def __post_init__(self):
         def bad(msg):
@@ -108,6 +114,7 @@ class PreprocessConfig:
             object.__setattr__(self, name, v)
         if any(s == 0 for s in self.image_std):
             bad(f"image_std must be non-zero, got {self.image_std}")
+        _check_video_fields(self, bad)
 
     @property
     def factor(self) -> int:
@@ -126,16 +133,33 @@ class PreprocessConfig:
         return d
 
     @classmethod
-    def from_hf(cls, path_or_dict: str | os.PathLike | dict) -> PreprocessConfig:
-        """Read an HF `preprocessor_config.json`: a dict, a path to the file, or a checkpoint directory.
+    def from_hf(cls, path_or_dict: str | os.PathLike | dict, *, video: bool | None = None) -> PreprocessConfig:
+        """Read an HF `preprocessor_config.json` or `video_preprocessor_config.json`: a dict, a path to
+        the file, or a checkpoint directory.
 
         The pixel range comes from top-level `min_pixels` / `max_pixels` (they win, as in HF) or from
         `size` = {"shortest_edge", "longest_edge"} (also accepted there: "min_pixels" / "max_pixels").
         Missing or null fields keep the defaults; unknown keys are ignored; bad values raise ValueError.
-        """
-        d, where = load_json_object(path_or_dict, "preprocessor_config.json", "HF preprocessor config")
 
-        kw: dict[str, Any] = {}
+        Video (video.py): a config with a `video_processor_type`, or any config when `video=True`, starts
+        from that HF video processor's class defaults instead of the image processor's, as HF does. With
+        `video=True` a directory's video_preprocessor_config.json is read, else its
+        preprocessor_config.json (HF's fallback, what Qwen2-VL / Qwen2.5-VL checkpoints ship). The
+        sampling rules (`video_sampler`) follow `video_processor_type`, `processor_class`, else the patch
+        size (16: Qwen3-VL).
+        """
+        from qwen_vit_jax.video import VIDEO_CONFIG_FILE, video_defaults
+
+        filename = "preprocessor_config.json"
+        if (
+            video
+            and not isinstance(path_or_dict, dict)
+            and os.path.isfile(os.path.join(path_or_dict, VIDEO_CONFIG_FILE))
+        ):
+            filename = VIDEO_CONFIG_FILE
+        d, where = load_json_object(path_or_dict, filename, "HF preprocessor config")
+
+        kw: dict[str, Any] = video_defaults(d, video)
         size = d.get("size")
         if size is not None:
             if not isinstance(size, dict):
@@ -156,11 +180,40 @@ class PreprocessConfig:
             raise ValueError(f"{where}: {e}") from None
 
 
+def _check_video_fields(cfg: PreprocessConfig, bad) -> None:
+    """Validate (and normalise) PreprocessConfig's video fields; `bad(msg)` raises."""
+    if cfg.video_sampler not in VIDEO_SAMPLERS:
+        bad(f"video_sampler must be one of {VIDEO_SAMPLERS}, got {cfg.video_sampler!r}")
+    for name in ("do_sample_frames", "cap_pixels_per_frame"):
+        if not isinstance(getattr(cfg, name), bool):
+            bad(f"{name} must be a bool, got {getattr(cfg, name)!r}")
+    for name, optional in (
+        ("num_frames", True),
+        ("min_frames", False),
+        ("max_frames", False),
+        ("max_video_tokens", True),
+    ):
+        v = getattr(cfg, name)
+        if isinstance(v, np.integer):
+            object.__setattr__(cfg, name, v := int(v))
+        if not (optional and v is None) and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            bad(f"{name} must be a positive int{' or None' if optional else ''}, got {v!r}")
+    if cfg.fps is not None:
+        if isinstance(cfg.fps, bool) or not isinstance(cfg.fps, (int, float)) or not 0 < cfg.fps < math.inf:
+            bad(f"fps must be a positive number or None, got {cfg.fps!r}")
+        object.__setattr__(cfg, "fps", float(cfg.fps))
+
+
 # The hub's Qwen3-VL preprocessor_config.json (Qwen3.5 ships the same image settings):
 # {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16,
 #  "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 QWEN3_VL_PREPROCESS = PreprocessConfig(
-    min_pixels=65536, max_pixels=16777216, patch_size=16, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5)
+    min_pixels=65536,
+    max_pixels=16777216,
+    patch_size=16,
+    image_mean=(0.5, 0.5, 0.5),
+    image_std=(0.5, 0.5, 0.5),
+    video_sampler="qwen3-vl",  # what from_hf reads from such a file (patch 16)
 )
 
 
@@ -324,45 +377,3 @@ def preprocess_images(
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
     pixel_values = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
     return pixel_values, np.asarray(grids, dtype=np.int64)
-
-
-def preprocess_video(
-    frames, min_pixels: int | None = None, max_pixels: int | None = None, *, config: PreprocessConfig | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """One video -> vision-tower input: the image pipeline per frame + HF's video patch layout.
-
-    Args:
-      frames: a list / tuple of frames (PIL.Image or channels-last arrays, all the same size) or an
-        [F, H, W, C] array. All frames are resized to the one size smart_resize gives for (H, W).
-      min_pixels, max_pixels: override `config`'s pixel range when given.
-      config: PreprocessConfig (default: HF image-processor class defaults).
-
-    Returns:
-      pixel_values: float32 [gt * h * w, 3 * T * p * p] with gt = ceil(F / T): frames grouped in runs
-        of T along the row's T axis, the last frame repeated to fill the last run.
-      grid_thw: int64 [1, 3] = [[gt, h, w]] (h, w in patches).
-    """
-    cfg = _resolve(config, min_pixels, max_pixels)
-    if isinstance(frames, np.ndarray):
-        if frames.ndim != 4:
-            raise ValueError(
-                f"a video array must be [F, H, W, C], got shape {frames.shape}; pass a list for a list of frames"
-            )
-    elif isinstance(frames, Image.Image) or not isinstance(frames, (list, tuple)):
-        raise TypeError(f"frames must be a list of frames or an [F, H, W, C] array, got {type(frames).__name__}")
-    if len(frames) == 0:
-        raise ValueError("video has no frames")
-    hwc = [_to_hwc3(f, cfg, f"frame {i}") for i, f in enumerate(frames)]
-    if len({a.shape for a in hwc}) != 1:
-        raise ValueError(f"all frames of a video must have one size, got {sorted({a.shape[:2] for a in hwc})}")
-    h, w = hwc[0].shape[:2]
-    size = smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels) if cfg.do_resize else None
-    video = np.stack([_resize(a, cfg, size) for a in hwc])
-    T = cfg.temporal_patch_size
-    if pad := -len(video) % T:
-        video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
-    gt = len(video) // T
-    pixel_values = _patchify(video.reshape(gt, T, *video.shape[1:]), cfg)
-    p = cfg.patch_size
-    grid = np.asarray([[gt, video.shape[1] // p, video.shape[2] // p]], dtype=np.int64)
-    return pixel_values, grid

@@ -186,10 +186,11 @@ def test_cli_missing_checkpoint_and_input(capsys, tiny_dirs, tmp_path):
 
 
 def test_cli_unreadable_file(capsys, tiny_dirs, tmp_path):
-    """/proc/self/mem: a file whose read fails (EIO) even for root. Named in a warning; exit 1."""
+    """/proc/self/mem: a file whose read fails (EIO) even for root. Named in a warning (--keep-going);
+    exit 1."""
     make_image(56, 56).save(tmp_path / "a.png")
     out = tmp_path / "e.npz"
-    rc, err = _main(capsys, "encode", tiny_dirs[1], tmp_path / "a.png", "/proc/self/mem", "-o", out)
+    rc, err = _main(capsys, "encode", tiny_dirs[1], tmp_path / "a.png", "/proc/self/mem", "-o", out, "--keep-going")
     assert rc == 1 and "warning: skipped /proc/self/mem: " in err and "1 of 2 inputs could not be read" in err
     assert cli.read_embeddings(out).names == [str(tmp_path / "a.png")]
 
@@ -197,8 +198,11 @@ def test_cli_unreadable_file(capsys, tiny_dirs, tmp_path):
 def test_cli_not_an_image(capsys, tiny_dirs, tmp_path):
     (tmp_path / "notes.png").write_text("not an image")
     rc, err = _main(capsys, "encode", tiny_dirs[1], tmp_path / "notes.png", "-o", tmp_path / "e.npz")
-    assert rc == 1 and f"warning: skipped {tmp_path / 'notes.png'}: UnidentifiedImageError" in err
-    assert "none of the 1 inputs could be read; nothing written" in err
+    assert rc == 1 and f"error: cannot read {tmp_path / 'notes.png'}: UnidentifiedImageError" in err
+    assert "nothing written" in err and "--keep-going" in err
+    assert not (tmp_path / "e.npz").exists()
+    rc, err = _main(capsys, "encode", tiny_dirs[1], tmp_path / "notes.png", "-o", tmp_path / "e.npz", "--keep-going")
+    assert rc == 1 and "none of the 1 inputs could be read; nothing written" in err
     assert not (tmp_path / "e.npz").exists()
 
 

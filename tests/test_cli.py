@@ -128,7 +128,7 @@ def test_encode_writes_embeddings(tiny_dirs, tiny_encoder, image_dir, tmp_path):
     out = tmp_path / "emb.safetensors"
     p = run("encode", ckpt, image_dir, "-o", out)
     assert p.returncode == 0, p.stderr
-    assert "encoded 3 images" in p.stdout and "3/3 images" in p.stderr
+    assert "encoded 3 inputs" in p.stdout and "3/3 inputs" in p.stderr
 
     e = cli.read_embeddings(out)
     paths = [image_dir / n for n in ("a.png", "b.jpg", "c.webp")]
@@ -151,7 +151,7 @@ def test_encode_resume(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path):
     make_image(168, 56, seed=4).save(image_dir / "d.bmp")
     rc, stdout, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume")
     assert rc == 0, err
-    assert "3 of 4 inputs already in" in err and "encoded 1 images" in stdout
+    assert "3 of 4 inputs already in" in err and "encoded 1 inputs" in stdout
     e2 = cli.read_embeddings(out)
     assert e2.names == e.names + [str(image_dir / "d.bmp")]
     assert e2.grid_thw.tolist()[-1] == [1, 12, 4] and e2.offsets[-1] == 27 + 12
@@ -167,7 +167,7 @@ def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_p
     rc, _, err = main(capsys, "encode", ckpt, image_dir / "c.webp", image_dir / "a.png", "-o", out)
     assert rc == 0, err
     with np.load(out, allow_pickle=False) as z:  # plain numpy can read it
-        assert sorted(z.files) == ["embeddings", "grid_thw", "metadata", "names", "offsets"]
+        assert sorted(z.files) == ["embeddings", "grid_thw", "metadata", "names", "offsets", "timestamps"]
         assert z["names"].tolist() == [str(image_dir / "c.webp"), str(image_dir / "a.png")]
     e = cli.read_embeddings(out)
     for i, ref in enumerate(expected(tiny_encoder, [image_dir / "c.webp", image_dir / "a.png"])):
@@ -191,14 +191,35 @@ def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_p
     assert not (tmp_path / "x.npz").exists()
 
 
+def test_encode_stops_at_an_unreadable_image(capsys, tiny_dirs, image_dir, tmp_path):
+    """Without --keep-going the first unreadable input stops the run, named; the inputs before it are
+    written whole, and --resume --keep-going goes on from there."""
+    _, ckpt = tiny_dirs
+    (image_dir / "b2.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")  # after a.png, b.jpg
+    out = tmp_path / "emb.npz"
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--batch-patches", "24")  # one per call
+    assert_clean_error(rc, err, f"cannot read {image_dir / 'b2.png'}: UnidentifiedImageError", "--keep-going")
+    assert cli.read_embeddings(out).names == [str(image_dir / n) for n in ("a.png", "b.jpg")]
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume", "--keep-going")
+    assert_clean_error(rc, err, "1 of 2 inputs could not be read")
+    assert cli.read_embeddings(out).names[-1] == str(image_dir / "c.webp")
+    (image_dir / "b2.png").unlink()
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "b2.png", "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "input not found")
+    (image_dir / "bad.png").write_bytes(b"nope")
+    rc, _, err = main(capsys, "encode", ckpt, image_dir / "bad.png", "-o", tmp_path / "x.npz")
+    assert_clean_error(rc, err, "bad.png", "nothing written")
+    assert not (tmp_path / "x.npz").exists()
+
+
 def test_encode_skips_unreadable_images(capsys, tiny_dirs, image_dir, tmp_path):
-    """A broken file is named in a warning, the rest are written, the exit status is 1; after the
-    file is fixed, --resume adds just it."""
+    """--keep-going: a broken file is named in a warning, the rest are written, the exit status is 1;
+    after the file is fixed, --resume adds just it."""
     _, ckpt = tiny_dirs
     (image_dir / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     Image.new("RGB", (3000, 10)).save(image_dir / "strip.png")  # aspect ratio 300 > 200: HF refuses too
     out = tmp_path / "emb.safetensors"
-    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out)
+    rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--keep-going")
     assert_clean_error(rc, err, "2 of 5 inputs could not be read")
     assert f"warning: skipped {image_dir / 'broken.png'}:" in err
     assert f"warning: skipped {image_dir / 'strip.png'}:" in err and "aspect ratio" in err
@@ -229,7 +250,7 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
     out = tmp_path / "emb.npz"
     # one image per call: a.png is 24 patches, the others more
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")
-    assert_clean_error(rc, err, "interrupted: 1 new images written")
+    assert_clean_error(rc, err, "interrupted: 1 new inputs written")
     assert cli.read_embeddings(out).names == [str(image_dir / "a.png")]
     monkeypatch.undo()
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--resume")

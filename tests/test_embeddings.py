@@ -45,6 +45,34 @@ def assert_same(a: embeddings.Embeddings, b: embeddings.Embeddings) -> None:
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_timestamps_round_trip(tmp_path, suffix):
+    """A video's seconds per temporal patch come back by input; images (and files written before
+    videos, which have no `timestamps` array) give None."""
+    grid = np.array([[1, 2, 4], [3, 2, 2], [2, 2, 2]], np.int64)  # an image, two videos
+    lengths = grid.prod(axis=1) // 4
+    ts = np.array([np.nan, 0.25, 1.25, 2.25, np.nan, np.nan])  # the last video's model reads no time
+    e = embeddings.Embeddings(
+        np.ones((int(lengths.sum()), 8), np.float32),
+        grid,
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        ["a.png", "b.mp4", "c.mp4"],
+        dict(META, video_preprocess={"fps": 2.0}),
+        ts,
+    )
+    qvj.write_embeddings(tmp_path / f"e{suffix}", e)
+    got = qvj.read_embeddings(tmp_path / f"e{suffix}")
+    assert got.timestamps_of(0) is None and got.timestamps_of(2) is None
+    assert got.timestamps_of(1).tolist() == [0.25, 1.25, 2.25]
+    assert got.metadata["video_preprocess"] == {"fps": 2.0}
+    both = embeddings.Embeddings.concatenate([got, make(["d.png"])], META)
+    assert both.timestamps_of(1).tolist() == [0.25, 1.25, 2.25] and both.timestamps_of(3) is None
+    e.timestamps = ts[:5]  # one short: inconsistent
+    qvj.write_embeddings(tmp_path / f"bad{suffix}", e)
+    with pytest.raises(embeddings.EmbeddingsError, match="inconsistent"):
+        qvj.read_embeddings(tmp_path / f"bad{suffix}")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
 def test_round_trip_and_public_names(tmp_path, suffix):
     e = make(["a.png", "b.jpg", "c.webp"])
     qvj.write_embeddings(tmp_path / f"e{suffix}", e)

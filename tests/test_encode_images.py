@@ -70,12 +70,20 @@ def test_single_image_and_array_input(tiny_encoder, images, reference):
 
 
 def test_encode_video(tiny_encoder):
+    """encode_video samples and sizes with the tower's video config (HF's video-processor defaults
+    here: the checkpoint ships the hub's preprocessor_config.json only, as Qwen2.5-VL's do)."""
+    vp = tiny_encoder.video_preprocess
+    assert (vp.video_sampler, vp.min_pixels, vp.max_pixels) == ("qwen2.5-vl", 3136, 12845056)
     frames = [make_image(56, 84, seed=s) for s in range(3)]  # 3 frames -> t = 2 (last repeated)
     emb = tiny_encoder.encode_video(frames)
-    pv, grid = preprocess_video(frames, config=tiny_encoder.preprocess)
-    assert grid.tolist() == [[2, 4, 6]]
+    pv, grid, ts = preprocess_video(frames, config=vp)
+    assert grid.tolist() == [[2, 4, 6]] and ts is None  # no source_fps: no timestamps
     assert emb.shape == (2 * 4 * 6 // 4, tiny_encoder.cfg.out_dim)
     assert rel_err(emb, tiny_encoder.encode(pv, grid)) <= 1e-6
+    emb2 = tiny_encoder.encode_video(frames * 2, source_fps=4.0, num_frames=3)  # 3 rounds half-even to 4
+    pv, grid, ts = preprocess_video(frames * 2, config=vp, source_fps=4.0, num_frames=3)
+    assert grid.tolist() == [[2, 4, 6]] and ts.tolist() == [0.0, 0.75]  # T / sampled fps (4 of 6 at 4 fps)
+    assert rel_err(emb2, tiny_encoder.encode(pv, grid)) <= 1e-6
 
 
 def test_checkpoint_preprocessor_config_sets_pixel_limits(tiny_dirs, tmp_path):

@@ -52,4 +52,5 @@ def test_notebook_executes(tmp_path, monkeypatch):
     assert "programs compiled: 1" in text and "pixel_values (768, 1176)" in text
     shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
     images = [o for o in shown if "image/png" in o.data]
-    assert len(images) == 2  # the input image and the PCA picture
+    assert len(images) == 3  # the input image, its PCA picture, the video's PCA strip
+    assert "36 frames -> grid_thw [[3, 24, 32]], 576 tokens" in text

@@ -17,7 +17,8 @@ from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_mod
 
 from qwen_vit_jax.demo import HUB_PREPROCESSOR_QWEN3
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video, smart_resize
+from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, smart_resize
+from qwen_vit_jax.video import preprocess_video
 
 HUB_CONFIG = {
     "min_pixels": 3136,
@@ -346,7 +347,10 @@ def test_no_convert_rgb_needs_rgb():
         preprocess_images(Image.fromarray(img).convert("L"), config=cfg)
 
 
-# ---- video -------------------------------------------------------------------------------------------
+# ---- video (decoded frames; files, sampling and HF's video processors: test_video.py) -------------------
+IMAGE_DEFAULTS = PreprocessConfig()  # the image processor's pixel range, not the video processor's
+
+
 def hf_video_reference(frames, lo=3136, hi=1003520, T=2, p=14, m=2):
     """HF's PIL image pipeline per frame, then HF's Qwen2VLVideoProcessor.patchify transcribed in torch."""
     proc = hf_proc(min_pixels=lo, max_pixels=hi)
@@ -369,10 +373,10 @@ def hf_video_reference(frames, lo=3136, hi=1003520, T=2, p=14, m=2):
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_video_matches_hf_layout(n):
     frames = [rand_img(150, 230, seed=20 + i) for i in range(n)]
-    pv, grid = preprocess_video(frames)
-    assert grid.tolist() == [[(n + 1) // 2, 10, 16]]
+    pv, grid, ts = preprocess_video(frames, config=IMAGE_DEFAULTS)
+    assert grid.tolist() == [[(n + 1) // 2, 10, 16]] and ts is None
     assert_same((pv, grid), hf_video_reference(frames))
-    assert_same(preprocess_video(np.stack(frames)), (pv, grid), atol=0)
+    assert_same(preprocess_video(np.stack(frames), config=IMAGE_DEFAULTS)[:2], (pv, grid), atol=0)
     # the image path on each frame gives the same patches (T slice 0)
     per_frame = [preprocess_images(f)[0].reshape(-1, 3, 2, 196)[:, :, 0] for f in frames + frames[-1:]]
     x = pv.reshape(grid[0, 0], -1, 3, 2, 196)
@@ -382,14 +386,17 @@ def test_video_matches_hf_layout(n):
 
 def test_video_two_equal_frames_is_the_image():
     img = rand_img(333, 517, seed=30)
-    assert_same(preprocess_video([img, Image.fromarray(img)]), preprocess_images(img), atol=0)
+    assert_same(
+        preprocess_video([img, Image.fromarray(img)], config=IMAGE_DEFAULTS)[:2], preprocess_images(img), atol=0
+    )
 
 
 def test_video_pixel_range_and_modes():
     frames = [Image.fromarray(rand_img(360, 640, seed=40 + i)).convert("L") for i in range(3)]
-    lo, hi = 128 * 28 * 28, 768 * 28 * 28  # HF's video-processor defaults
-    pv, grid = preprocess_video(frames, lo, hi)
+    lo, hi = 128 * 28 * 28, 768 * 28 * 28  # HF's video-processor defaults: preprocess_video's too
+    pv, grid, _ = preprocess_video(frames)
     assert_same((pv, grid), hf_video_reference(frames, lo, hi))
+    assert_same(preprocess_video(frames, lo // 2, hi // 2)[:2], hf_video_reference(frames, lo // 2, hi // 2))
 
 
 def test_video_bad_input():
