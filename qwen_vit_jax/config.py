@@ -26,6 +26,23 @@ QWEN3_5 = "qwen3_5"
 VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
 QWEN3_FAMILY = (QWEN3_VL, QWEN3_5)  # learned position table, patch-embed bias, LayerNorm, gelu MLP
 
+# HF model families (their top-level model_type) whose vision tower is one of our variants. A
+# family names where a checkpoint keeps the tower and how its tensors and config are spelled; it
+# never changes the math. Qwen4-Exp subclasses Qwen3.5's vision classes unchanged, the MoE models
+# reuse their dense sibling's tower, and the Omni thinkers carry the Qwen3-VL / Qwen2.5-VL tower
+# (docs/family.md).
+FAMILIES = {
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_5_VL,
+    "qwen3_vl": QWEN3_VL,
+    "qwen3_5": QWEN3_5,
+    "qwen3_vl_moe": QWEN3_VL,
+    "qwen3_5_moe": QWEN3_5,
+    "qwen4_exp": QWEN3_5,
+    "qwen3_omni_moe": QWEN3_VL,
+    "qwen2_5_omni": QWEN2_5_VL,
+}
+
 # The dtypes the tower computes in and stores weights in, by name: the one table of the package
 # (jnp accepts these numpy dtypes as they are).
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -71,6 +88,7 @@ class VisionConfig:
     norm_eps: float = 1e-6
     num_position_embeddings: int = 0  # rows of the learned position table; 0 = none (Qwen2 family)
     deepstack_layers: tuple[int, ...] = ()  # Qwen3-VL: blocks whose output feeds a deepstack merger
+    family: str = ""  # HF model family (a FAMILIES key); "" = the variant's own (e.g. "qwen3_vl")
 
     def __post_init__(self):
         def bad(msg):
@@ -78,6 +96,13 @@ class VisionConfig:
 
         if self.variant not in VARIANTS:
             bad(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.family == self.variant:  # one spelling per tower: equal configs compare equal
+            object.__setattr__(self, "family", "")
+        if self.family and FAMILIES.get(self.family) != self.variant:
+            bad(
+                f"family {self.family!r} does not carry a {self.variant} tower "
+                f"(known: {', '.join(f'{f} -> {v}' for f, v in FAMILIES.items())})"
+            )
         for name in (
             "depth",
             "width",
@@ -136,6 +161,11 @@ class VisionConfig:
             bad("Qwen2-VL has no window attention (window_size / fullatt_block_indexes must be unset)")
 
     # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def hf_family(self) -> str:
+        """The HF model family (top-level model_type) the tower comes from: `family` or the variant."""
+        return self.family or self.variant
+
     @property
     def head_dim(self) -> int:
         return self.width // self.num_heads
@@ -251,40 +281,35 @@ def load_json_object(path_or_dict, filename: str, what: str) -> tuple[dict[str, 
     return d, path
 
 
-# HF model_type -> variant; Qwen3 MoE models share their dense sibling's vision tower.
-_TOP_TYPES = {
-    "qwen2_vl": QWEN2_VL,
-    "qwen2_5_vl": QWEN2_5_VL,
-    "qwen3_vl": QWEN3_VL,
-    "qwen3_vl_moe": QWEN3_VL,
-    "qwen3_5": QWEN3_5,
-    "qwen3_5_moe": QWEN3_5,
-}
-
-
 def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
     top_type = d.get("model_type", "")
+    if "thinker_config" in d:  # Omni: the tower lives in the thinker (thinker_config.vision_config)
+        d = d["thinker_config"]
+        if not isinstance(d, dict):
+            raise TypeError("thinker_config is not an object")
+        top_type = top_type or d.get("model_type", "")
+    family = _top_family(top_type)
     if "vision_config" in d:
         v = d["vision_config"]
         if not isinstance(v, dict):
             raise TypeError("vision_config is not an object")
-        variant = _TOP_TYPES.get(top_type)
-        if variant is None:
-            variant = _variant_of_vision(v)
-        elif variant in QWEN3_FAMILY or _qwen3_of_type(v.get("model_type", "")):
-            inner = _qwen3_of_type(v.get("model_type", ""))
-            if inner is not None and inner != variant:
-                raise ValueError(
-                    f"model_type {top_type!r} ({variant}) disagrees with vision_config "
-                    f"model_type {v['model_type']!r} ({inner})"
-                )
-            if inner is None and v.get("model_type"):
-                raise ValueError(
-                    f"model_type {top_type!r} ({variant}) disagrees with vision_config model_type {v['model_type']!r}"
-                )
+        inner = _family_of_vision_type(v.get("model_type", ""))
+        if family is None:
+            family = _family_of_vision(v)
+        elif inner is not None and FAMILIES[inner] != FAMILIES[family]:
+            raise ValueError(
+                f"model_type {top_type!r} ({FAMILIES[family]}) disagrees with vision_config "
+                f"model_type {v['model_type']!r} ({FAMILIES[inner]})"
+            )
+        elif inner is None and v.get("model_type") and FAMILIES[family] in QWEN3_FAMILY:
+            raise ValueError(
+                f"model_type {top_type!r} ({FAMILIES[family]}) disagrees with vision_config "
+                f"model_type {v['model_type']!r}"
+            )
     else:
         v = d
-        variant = _variant_of_vision(v)
+        family = _family_of_vision(v)
+    variant = FAMILIES[family]
 
     def get(*names, default=None):
         for n in names:
@@ -304,9 +329,12 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
         in_channels=int(get("in_channels", "in_chans", default=3)),
         spatial_merge_size=int(get("spatial_merge_size", default=2)),
         rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+        family=family,
     )
     if variant in QWEN3_FAMILY:
         return _qwen3_from_hf(variant, v, get, common)
+    # Qwen2.5-Omni's defaults are Qwen2.5-VL's (HF's default width 3584 is not a released tower's
+    # 1280: the presets carry the released sizes).
     if variant == QWEN2_VL:
         width = int(get("embed_dim", default=1280))
         return VisionConfig(
@@ -367,27 +395,31 @@ def _square_patch(p, name: str) -> int:
     return p
 
 
-def _qwen3_of_type(mt: str) -> str | None:
-    """Qwen3 variant of a vision model_type ("qwen3_vl_vision", the hub's "qwen3_vl", ...), or None."""
-    if mt.startswith("qwen3_vl"):
-        return QWEN3_VL
-    if mt.startswith("qwen3_5"):
-        return QWEN3_5
-    return None
+def _top_family(top_type: str) -> str | None:
+    """The family of a top-level model_type ("qwen3_vl", an Omni thinker's
+    "qwen3_omni_moe_thinker", ...), or None for an unknown or missing one."""
+    if top_type.endswith("_thinker"):
+        top_type = top_type[: -len("_thinker")]
+    return top_type if top_type in FAMILIES else None
 
 
-def _variant_of_vision(v: dict[str, Any]) -> str:
+def _family_of_vision_type(mt: str) -> str | None:
+    """The family a vision model_type names ("qwen3_vl_vision", the hub's "qwen3_vl",
+    "qwen3_omni_moe_vision_encoder", Qwen4-Exp's old "qwen4_exp", ...), or None. The longest
+    family name wins: "qwen3_vl_moe_vision" is Qwen3-VL-MoE, not Qwen3-VL."""
+    return next((f for f in sorted(FAMILIES, key=len, reverse=True) if mt.startswith(f)), None)
+
+
+def _family_of_vision(v: dict[str, Any]) -> str:
+    """The family of a vision config without a known top-level model_type: its own model_type, else
+    the fields only one variant has."""
     mt = v.get("model_type", "")
-    if (q3 := _qwen3_of_type(mt)) is not None:
-        return q3
+    if (family := _family_of_vision_type(mt)) is not None:
+        return family
     if "num_position_embeddings" in v:  # no model_type: only deepstack layers tell the two apart
         if v.get("deepstack_visual_indexes"):
             return QWEN3_VL
         raise ValueError("cannot tell Qwen3-VL from Qwen3.5 without model_type (no deepstack_visual_indexes)")
-    if mt.startswith("qwen2_5_vl"):
-        return QWEN2_5_VL
-    if mt.startswith("qwen2_vl"):
-        return QWEN2_VL
     if any(k in v for k in ("out_hidden_size", "fullatt_block_indexes", "window_size", "intermediate_size")):
         return QWEN2_5_VL
     if any(k in v for k in ("embed_dim", "mlp_ratio")):
@@ -439,7 +471,17 @@ QWEN3_VL_4B = dataclasses.replace(
 )
 QWEN3_VL_2B = dataclasses.replace(QWEN3_VL_4B, out_dim=2048)
 QWEN3_5_27B = dataclasses.replace(QWEN3_VL_8B, variant=QWEN3_5, out_dim=5120, deepstack_layers=())
-QWEN3_5_397B_A17B = dataclasses.replace(QWEN3_5_27B, out_dim=4096)
+QWEN3_5_397B_A17B = dataclasses.replace(QWEN3_5_27B, out_dim=4096, family="qwen3_5_moe")
+
+# The rest of the family: the same towers under other model families (config.py FAMILIES). out_dim
+# is the language model's hidden size; the tower sizes are the released checkpoints' vision_config.
+QWEN3_VL_30B_A3B = dataclasses.replace(QWEN3_VL_8B, out_dim=2048, family="qwen3_vl_moe")
+QWEN3_VL_235B_A22B = dataclasses.replace(QWEN3_VL_8B, out_dim=4096, family="qwen3_vl_moe")
+QWEN3_5_35B_A3B = dataclasses.replace(QWEN3_5_27B, out_dim=2048, family="qwen3_5_moe")
+QWEN4_EXP = dataclasses.replace(QWEN3_5_27B, out_dim=2560, family="qwen4_exp")
+QWEN3_OMNI_30B_A3B = dataclasses.replace(QWEN3_VL_8B, out_dim=2048, family="qwen3_omni_moe")
+QWEN2_5_OMNI_7B = dataclasses.replace(QWEN2_5_VL_7B, family="qwen2_5_omni")
+QWEN2_5_OMNI_3B = dataclasses.replace(QWEN2_5_VL_3B, family="qwen2_5_omni")
 
 PRESETS = {
     "qwen2-vl-2b": QWEN2_VL_2B,
@@ -452,4 +494,11 @@ PRESETS = {
     "qwen3-vl-32b": QWEN3_VL_32B,
     "qwen3.5-27b": QWEN3_5_27B,
     "qwen3.5-397b-a17b": QWEN3_5_397B_A17B,
+    "qwen3-vl-30b-a3b": QWEN3_VL_30B_A3B,
+    "qwen3-vl-235b-a22b": QWEN3_VL_235B_A22B,
+    "qwen3.5-35b-a3b": QWEN3_5_35B_A3B,
+    "qwen4-exp": QWEN4_EXP,
+    "qwen3-omni-30b-a3b": QWEN3_OMNI_30B_A3B,
+    "qwen2.5-omni-7b": QWEN2_5_OMNI_7B,
+    "qwen2.5-omni-3b": QWEN2_5_OMNI_3B,
 }

@@ -1,4 +1,6 @@
-"""HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint -> our params, through one strict, declarative key table.
+"""HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint (and the families carrying those towers:
+the MoE models, Qwen4-Exp, Qwen3-Omni, Qwen2.5-Omni) -> our params, through one strict, declarative
+key table.
 
 Reading touches only the vision tensors: safetensors headers (or the shard index) say where each
 tensor lives, only shards holding vision keys are opened, and tensor bytes are memory-mapped and
@@ -86,6 +88,18 @@ def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
     return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
 
 
+# Key layouts: how a family spells its tower's tensors. Most families spell them as their variant
+# does ("native"); the Omni thinkers keep older names (Qwen3-Omni: the merger as `ln_q` / `mlp.0` /
+# `mlp.2`, the deepstack mergers as `merger_list.k`; Qwen2.5-Omni: separate `q` / `k` / `v`).
+NATIVE, OMNI3, OMNI25 = "native", "qwen3_omni_moe", "qwen2_5_omni"
+LAYOUTS = (NATIVE, OMNI3, OMNI25)
+
+
+def key_layout(cfg: VisionConfig) -> str:
+    """The key layout of `cfg`'s checkpoint family (one of LAYOUTS)."""
+    return cfg.hf_family if cfg.hf_family in (OMNI3, OMNI25) else NATIVE
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """HF tensor family -> one of our params.
@@ -96,6 +110,11 @@ class Rule:
       row k is the merger of the k-th entry of cfg.deepstack_layers, as in HF's list).
     src, dst: shapes as dimension strings (D width, I MLP hidden, O merger out, M = merge_unit * D,
       P patch_dim, C/T/p channels/temporal patch/patch, N position-table rows); dst is per row.
+    variants, layouts: the rule applies to a config of one of `variants` whose checkpoint spells its
+      keys in one of `layouts` (`key_layout`).
+    part: (i, k) for a split -> fused rule: the tensor fills the i-th of k equal column blocks of
+      the target's last axis (Qwen2.5-Omni's q, k, v -> our qkv); `whole` is then the target's
+      per-row shape, dst the part's.
     """
 
     pattern: str
@@ -104,6 +123,17 @@ class Rule:
     src: str
     dst: str
     variants: tuple[str, ...] = (QWEN2_VL, QWEN2_5_VL)
+    layouts: tuple[str, ...] = LAYOUTS
+    part: tuple[int, int] | None = None
+    whole: str | None = None
+
+    def applies(self, cfg: VisionConfig) -> bool:
+        """Whether the rule is part of `cfg`'s table (variant, key layout, and a stack with rows)."""
+        return (
+            cfg.variant in self.variants
+            and key_layout(cfg) in self.layouts
+            and not (self.per_block and self.rows(cfg) == 0)
+        )
 
     @property
     def stack(self) -> str | None:
@@ -125,9 +155,11 @@ class Rule:
 
 _B = r"blocks\.(?P<layer>0|[1-9][0-9]*)\."
 _DS = r"deepstack_merger_list\.(?P<tap>0|[1-9][0-9]*)\."
+_DSO = r"merger_list\.(?P<tap>0|[1-9][0-9]*)\."  # Qwen3-Omni's spelling of the deepstack mergers
 _V2, _V25, _V3, _V3VL = (QWEN2_VL,), (QWEN2_5_VL,), (QWEN3_VL, QWEN3_5), (QWEN3_VL,)
 _ALL = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
 _LN = (QWEN2_VL, QWEN3_VL, QWEN3_5)  # LayerNorm (with bias) variants
+_FUSED_QKV, _NATIVE, _O3, _O25 = (NATIVE, OMNI3), (NATIVE,), (OMNI3,), (OMNI25,)
 RULES: tuple[Rule, ...] = (
     Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _ALL),
     Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _V3),
@@ -136,8 +168,18 @@ RULES: tuple[Rule, ...] = (
     Rule(_B + r"norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _LN),
     Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _ALL),
     Rule(_B + r"norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _LN),
-    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _ALL),
-    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _ALL),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _ALL, _FUSED_QKV),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _ALL, _FUSED_QKV),
+    # Qwen2.5-Omni: q, k, v apart; each fills its third of our fused qkv (columns q | k | v, as HF's
+    # fused qkv rows are ordered).
+    *(
+        Rule(_B + rf"attn\.{n}\.weight", "blocks.attn.qkv.kernel", _linear, "D D", "D D", _V25, _O25, (i, 3), "D 3D")
+        for i, n in enumerate("qkv")
+    ),
+    *(
+        Rule(_B + rf"attn\.{n}\.bias", "blocks.attn.qkv.bias", _identity, "D", "D", _V25, _O25, (i, 3), "3D")
+        for i, n in enumerate("qkv")
+    ),
     Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _ALL),
     Rule(_B + r"attn\.proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D", _ALL),
     Rule(_B + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _V2),
@@ -160,19 +202,32 @@ RULES: tuple[Rule, ...] = (
     Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M"),
     Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O"),
     Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O"),
-    Rule(r"merger\.norm\.weight", "merger.norm.scale", _identity, "D", "D", _V3),
-    Rule(r"merger\.norm\.bias", "merger.norm.bias", _identity, "D", "D", _V3),
-    Rule(r"merger\.linear_fc1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3),
-    Rule(r"merger\.linear_fc1\.bias", "merger.fc1.bias", _identity, "M", "M", _V3),
-    Rule(r"merger\.linear_fc2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3),
-    Rule(r"merger\.linear_fc2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3),
+    # Qwen3-Omni keeps the Qwen2 merger's names for its Qwen3-VL merger (a LayerNorm with bias).
+    Rule(r"merger\.ln_q\.weight", "merger.norm.scale", _identity, "D", "D", _V3VL, _O3),
+    Rule(r"merger\.ln_q\.bias", "merger.norm.bias", _identity, "D", "D", _V3VL, _O3),
+    Rule(r"merger\.mlp\.0\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3VL, _O3),
+    Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3VL, _O3),
+    Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3VL, _O3),
+    Rule(r"merger\.norm\.weight", "merger.norm.scale", _identity, "D", "D", _V3, _NATIVE),
+    Rule(r"merger\.norm\.bias", "merger.norm.bias", _identity, "D", "D", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc1\.bias", "merger.fc1.bias", _identity, "M", "M", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3, _NATIVE),
     # Qwen3-VL deepstack mergers: the norm runs after the 2x2 shuffle, so it spans M = 4D.
-    Rule(_DS + r"norm\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"norm\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"linear_fc1\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL),
-    Rule(_DS + r"linear_fc1\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"linear_fc2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL),
-    Rule(_DS + r"linear_fc2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL),
+    Rule(_DS + r"norm\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"norm\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc1\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc1\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL, _NATIVE),
+    Rule(_DSO + r"ln_q\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"ln_q\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.0\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.0\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL, _O3),
 )
 
 
@@ -180,14 +235,15 @@ def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
     """Our flat param key -> shape; per-block params lead with L = cfg.depth, deepstack params with
     K = cfg.num_deepstack (a Qwen3-VL config without deepstack layers has none)."""
     return {
-        r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
+        r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.whole or r.dst, cfg)
         for r in RULES
-        if cfg.variant in r.variants and not (r.per_block and r.rows(cfg) == 0)
+        if r.applies(cfg)
     }
 
 
 # ---- reading an HF checkpoint -----------------------------------------------------------------
-_PREFIXES = ("visual.", "model.visual.")  # hub / transformers 5.x saves, some 4.5x saves
+# hub / transformers 5.x saves, some 4.5x saves (and the MoE / Qwen4-Exp hub files), the Omni thinkers
+_PREFIXES = ("visual.", "model.visual.", "thinker.visual.")
 _BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint (any of its keys)
 
 
@@ -220,15 +276,16 @@ def vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
     found = {p: k for p in _PREFIXES for k in keys if k.startswith(p)}
     if len(found) > 1:
         raise CheckpointError(
-            f"{where}: both 'visual.*' and 'model.visual.*' tensors are present (e.g. "
-            f"{found['visual.']!r}, {found['model.visual.']!r}): which is the tower?"
+            f"{where}: tensors under several tower prefixes are present (e.g. "
+            + ", ".join(f"{k!r}" for k in found.values())
+            + "): which is the tower?"
         )
     if found:
         return next(iter(found))
     if any(k.startswith(_BARE_ROOTS) for k in keys):
         return ""  # vision-only checkpoint: then every tensor in it must be a vision tensor
     raise CheckpointError(
-        f"{where}: no vision tensors (keys under 'visual.', 'model.visual.' or bare "
+        f"{where}: no vision tensors (keys under 'visual.', 'model.visual.', 'thinker.visual.' or bare "
         "'patch_embed.' / 'blocks.' / 'merger.')"
     )
 
@@ -246,8 +303,7 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         raise CheckpointError(str(e)) from None
     where, files = locate_tensors(hf_dir)
     prefix = vision_prefix(where, hf_dir)
-    rules = [(re.compile(r.pattern), r) for r in RULES if cfg.variant in r.variants]
-    rules = [(rx, r) for rx, r in rules if not (r.per_block and r.rows(cfg) == 0)]
+    rules = [(re.compile(r.pattern), r) for r in RULES if r.applies(cfg)]
 
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
     matched, unknown = [], []
@@ -280,7 +336,7 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             raise CheckpointError(f"{path}: the index places tensor {key!r} here, but the file lacks it")
         loc = f"{path}: tensor {key!r}"
         st, shape = f.entries[key][:2]
-        src, dst = dims_to_shape(rule.src, cfg), dims_to_shape(rule.dst, cfg)
+        src, dst = dims_to_shape(rule.src, cfg), dims_to_shape(rule.dst, cfg)  # dst: per row, per part
         if shape != src:
             raise CheckpointError(f"{loc}: shape {shape}, expected {src} = [{rule.src}] for {cfg.variant}")
         if st not in _PARAM_DTYPES:
@@ -288,25 +344,32 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         w = rule.transform(f.get(key), cfg)
         if w.shape != dst:  # a table bug, but never write a wrongly shaped param
             raise CheckpointError(f"{loc}: transformed to {w.shape}, expected {dst} for {rule.target}")
-        slot = (rule.target, layer)
+        slot = (rule.target, layer, rule.part)
         if slot in filled:
-            raise CheckpointError(f"{loc}: {rule.target}[{layer}] already filled from {filled[slot]!r}")
+            what = f"{rule.target}[{layer}]" + ("" if rule.part is None else f" part {rule.part[0]} of {rule.part[1]}")
+            raise CheckpointError(f"{loc}: {what} already filled from {filled[slot]!r}")
         filled[slot] = key
-        if layer is None:
+        if layer is None and rule.part is None:
             params[rule.target] = np.array(w)  # copy out of the file mapping
             continue
-        if rule.target not in params:  # preallocate [L, ...] in the source dtype
+        if rule.target not in params:  # preallocate [L, ...] (or the fused whole) in the source dtype
             params[rule.target] = np.empty(shapes[rule.target], w.dtype)
         stack = params[rule.target]
         if stack.dtype != w.dtype:
-            raise CheckpointError(f"{loc}: dtype {w.dtype}, other blocks of {rule.target}: {stack.dtype}")
-        stack[layer] = w
+            raise CheckpointError(f"{loc}: dtype {w.dtype}, other parts of {rule.target}: {stack.dtype}")
+        row = stack if layer is None else stack[layer]  # a view: writes land in the stack
+        if rule.part is None:
+            row[...] = w
+        else:  # the i-th of k column blocks of the last axis
+            i, k = rule.part
+            width = row.shape[-1] // k
+            row[..., i * width : (i + 1) * width] = w
 
     missing = [
         f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
         for _, r in rules
         for i in (range(r.rows(cfg)) if r.per_block else [None])
-        if (r.target, i) not in filled
+        if (r.target, i, r.part) not in filled
     ]
     if missing:
         raise CheckpointError(
@@ -496,8 +559,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
     ap = argparse.ArgumentParser(
         prog=prog,
-        description="Convert the vision tower of an HF Qwen2-VL / "
-        "Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint to qwen_vit_jax params.",
+        description="Convert the vision tower of an HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 "
+        "checkpoint (or Qwen3-VL-MoE, Qwen3.5-MoE, Qwen4-Exp, Qwen3-Omni, Qwen2.5-Omni) to qwen_vit_jax params.",
     )
     ap.add_argument("hf_dir", help="HF checkpoint directory (config.json + *.safetensors)")
     ap.add_argument("out_dir", help="output directory (must not exist unless --overwrite)")

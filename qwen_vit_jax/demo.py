@@ -24,9 +24,21 @@ import time
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN3_FAMILY, QWEN3_VL_8B, VisionConfig, dtype_named
+from qwen_vit_jax.config import (
+    QWEN2_5_OMNI_3B,
+    QWEN2_5_VL_3B,
+    QWEN3_5,
+    QWEN3_5_35B_A3B,
+    QWEN3_FAMILY,
+    QWEN3_OMNI_30B_A3B,
+    QWEN3_VL_8B,
+    QWEN3_VL_30B_A3B,
+    QWEN4_EXP,
+    VisionConfig,
+    dtype_named,
+)
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
-from qwen_vit_jax.hf_reference import hf_config
+from qwen_vit_jax.hf_reference import OMNI_FAMILIES, hf_config
 from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
@@ -38,11 +50,19 @@ TINY = dataclasses.replace(
 TINY_QWEN3_VL = dataclasses.replace(
     QWEN3_VL_8B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128, deepstack_layers=(1, 2)
 )
+# The rest of the family at the same tiny size: the same towers under other families' config
+# layouts and key names (config.FAMILIES).
+TINY_QWEN3_5 = dataclasses.replace(TINY_QWEN3_VL, variant=QWEN3_5, deepstack_layers=())
 # --variant -> {--size -> tower}; "full" is the variant's released tower ("3b": Qwen2.5-VL's, kept
 # as the name it had before there were other variants).
 VARIANTS = {
     "qwen2.5-vl": {"tiny": TINY, "full": QWEN2_5_VL_3B, "3b": QWEN2_5_VL_3B},
     "qwen3-vl": {"tiny": TINY_QWEN3_VL, "full": QWEN3_VL_8B},
+    "qwen3-vl-moe": {"tiny": dataclasses.replace(TINY_QWEN3_VL, family="qwen3_vl_moe"), "full": QWEN3_VL_30B_A3B},
+    "qwen3.5-moe": {"tiny": dataclasses.replace(TINY_QWEN3_5, family="qwen3_5_moe"), "full": QWEN3_5_35B_A3B},
+    "qwen4-exp": {"tiny": dataclasses.replace(TINY_QWEN3_5, family="qwen4_exp"), "full": QWEN4_EXP},
+    "qwen3-omni": {"tiny": dataclasses.replace(TINY_QWEN3_VL, family="qwen3_omni_moe"), "full": QWEN3_OMNI_30B_A3B},
+    "qwen2.5-omni": {"tiny": dataclasses.replace(TINY, family="qwen2_5_omni"), "full": QWEN2_5_OMNI_3B},
 }
 SIZES = VARIANTS["qwen2.5-vl"]
 # Random full-size weights are written in bfloat16 (1.3 GB instead of 2.7 GB for the 3B tower, like
@@ -79,18 +99,20 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
 
     Matrices (and the Conv3d patch embedding) N(0, 1/fan_in), biases 0.02 N(0, 1), norm weights
     1 + 0.1 N(0, 1): the parity-test init of docs/numerics.md, which keeps attention far from uniform.
-    The key set comes from the converter's table (`convert.RULES`), one tensor per rule and row of
-    its stacked param (per block, or per deepstack merger: `Rule.rows`).
+    The key set comes from the converter's table (`convert.RULES`: the rules of `cfg`'s variant and
+    key layout), one tensor per rule and row of its stacked param (per block, or per deepstack
+    merger: `Rule.rows`), under the family's prefix (`visual.`, the Omni thinkers' `thinker.visual.`).
     """
     out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
+    prefix = "thinker.visual." if cfg.hf_family in OMNI_FAMILIES else "visual."
     tensors = {}
     for rule in RULES:
-        if cfg.variant not in rule.variants:
+        if not rule.applies(cfg):
             continue
         shape = dims_to_shape(rule.src, cfg)
         for layer in range(rule.rows(cfg)) if rule.per_block else [None]:
-            key = "visual." + rule.hf_key(layer)
+            key = prefix + rule.hf_key(layer)
             w = rng.standard_normal(shape, dtype=np.float32)
             if len(shape) >= 2:  # [out, in, ...]: fan_in is everything after the first axis
                 w *= 1 / math.sqrt(math.prod(shape[1:]))
