@@ -37,6 +37,7 @@ _EXPORTS = {
     "load_model": "model",
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
+    "preprocess_paddleocr_images": "preprocess",
     "preprocess_video": "preprocess",
 }
 __all__ = sorted(_EXPORTS)

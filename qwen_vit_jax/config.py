@@ -23,8 +23,11 @@ QWEN2_VL = "qwen2_vl"
 QWEN2_5_VL = "qwen2_5_vl"
 QWEN3_VL = "qwen3_vl"
 QWEN3_5 = "qwen3_5"
-VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
+PADDLEOCR_VL = "paddleocr_vl"
+VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, PADDLEOCR_VL)
 QWEN3_FAMILY = (QWEN3_VL, QWEN3_5)  # learned position table, patch-embed bias, LayerNorm, gelu MLP
+# Towers with a learned square position table resampled to each grid (a host plan: posembed.py).
+TABLE_VARIANTS = (QWEN3_VL, QWEN3_5, PADDLEOCR_VL)
 
 # HF model families (their top-level model_type) whose vision tower is one of our variants. A
 # family names where a checkpoint keeps the tower and how its tensors and config are spelled; it
@@ -41,6 +44,7 @@ FAMILIES = {
     "qwen4_exp": QWEN3_5,
     "qwen3_omni_moe": QWEN3_VL,
     "qwen2_5_omni": QWEN2_5_VL,
+    "paddleocr_vl": PADDLEOCR_VL,
 }
 
 # The dtypes the tower computes in and stores weights in, by name: the one table of the package
@@ -69,6 +73,10 @@ class VisionConfig:
       the patch embedding and a learned `num_position_embeddings` table (a square side x side grid)
       resampled bilinearly to each image's grid and added after the patch embedding. Qwen3-VL also
       taps the hidden states after each block in `deepstack_layers` into its own merger.
+    PaddleOCR-VL (images only): Qwen3.5's layout with temporal patch 1 (rows of C x p x p), the
+      table resampled with align_corners=False, a LayerNorm after the last block, a merger norm
+      with eps 1e-5, and pixel rows that arrive in raster order (the plan reorders them into
+      merge units on the host: docs/family.md).
     """
 
     variant: str
@@ -130,14 +138,16 @@ class VisionConfig:
         n_pos = self.num_position_embeddings
         if not isinstance(n_pos, int) or isinstance(n_pos, bool) or n_pos < 0:
             bad(f"num_position_embeddings must be a non-negative int, got {n_pos!r}")
-        if self.variant in QWEN3_FAMILY:
+        if self.variant == PADDLEOCR_VL and self.temporal_patch_size != 1:
+            bad(f"PaddleOCR-VL has no temporal patch (temporal_patch_size must be 1), got {self.temporal_patch_size}")
+        if self.variant in TABLE_VARIANTS:
             if n_pos <= 0 or math.isqrt(n_pos) ** 2 != n_pos:
                 bad(f"num_position_embeddings {n_pos} must be a positive square (a side x side table)")
             if self.window_size or self.fullatt_block_indexes:
                 bad(f"{self.variant} has no window attention (window_size / fullatt_block_indexes must be unset)")
             ds = self.deepstack_layers
-            if self.variant == QWEN3_5 and ds:
-                bad(f"Qwen3.5 has no deepstack mergers, got deepstack_layers {ds}")
+            if self.variant != QWEN3_VL and ds:
+                bad(f"{self.variant} has no deepstack mergers, got deepstack_layers {ds}")
             if any(not 0 <= i < self.depth for i in ds):
                 bad(f"deepstack_layers {ds} out of range for depth {self.depth}")
             if any(a >= b for a, b in zip(ds, ds[1:])):
@@ -207,8 +217,34 @@ class VisionConfig:
 
     @property
     def patch_embed_bias(self) -> bool:
-        """Whether the patch embedding (a Conv3d in HF) has a bias: Qwen3-VL / Qwen3.5 only."""
-        return self.variant in QWEN3_FAMILY
+        """Whether the patch embedding (a Conv3d / Conv2d in HF) has a bias: the table towers."""
+        return self.variant in TABLE_VARIANTS
+
+    @property
+    def pos_embed_align_corners(self) -> bool:
+        """How the table is resampled: align_corners=True (Qwen3) or False (PaddleOCR-VL)."""
+        return self.variant != PADDLEOCR_VL
+
+    @property
+    def post_norm(self) -> bool:
+        """A LayerNorm after the last block (PaddleOCR-VL's post_layernorm)."""
+        return self.variant == PADDLEOCR_VL
+
+    @property
+    def merger_norm_eps(self) -> float:
+        """The merger's norm eps: PaddleOCR-VL's projector hard-codes 1e-5, the others use norm_eps."""
+        return 1e-5 if self.variant == PADDLEOCR_VL else self.norm_eps
+
+    @property
+    def raster_rows(self) -> bool:
+        """True when pixel_values rows arrive in raster order per frame (PaddleOCR-VL's processor)
+        rather than in merge units; the plan then takes them in merge-unit order (Plan.take)."""
+        return self.variant == PADDLEOCR_VL
+
+    @property
+    def images_only(self) -> bool:
+        """True for towers that take images only (PaddleOCR-VL): every grid row must have t = 1."""
+        return self.variant == PADDLEOCR_VL
 
     @property
     def pos_embed_side(self) -> int:
@@ -321,6 +357,8 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
 
     rope = v.get("rope_parameters") or v.get("rope_scaling") or {}
     q3 = variant in QWEN3_FAMILY
+    if variant == PADDLEOCR_VL:
+        q3 = False  # its patch size defaults to 14, as Qwen2's
     common = dict(
         depth=int(get("depth", "num_hidden_layers", default=27 if q3 else 32)),
         num_heads=int(get("num_heads", "num_attention_heads", default=16)),
@@ -333,6 +371,8 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
     )
     if variant in QWEN3_FAMILY:
         return _qwen3_from_hf(variant, v, get, common)
+    if variant == PADDLEOCR_VL:
+        return _paddleocr_from_hf(d, v, get, common)
     # Qwen2.5-Omni's defaults are Qwen2.5-VL's (HF's default width 3584 is not a released tower's
     # 1280: the presets carry the released sizes).
     if variant == QWEN2_VL:
@@ -380,6 +420,32 @@ def _qwen3_from_hf(variant: str, v: dict[str, Any], get, common: dict[str, Any])
         hidden_act=str(get("hidden_act", default="gelu_pytorch_tanh")),
         num_position_embeddings=int(get("num_position_embeddings", default=2304)),
         deepstack_layers=tuple(ds or ()),
+        **common,
+    )
+
+
+def _paddleocr_from_hf(d: dict[str, Any], v: dict[str, Any], get, common: dict[str, Any]) -> VisionConfig:
+    """PaddleOCR-VL (HF defaults: PaddleOCRVisionConfig). The merger (HF's projector, `mlp_AR`)
+    outputs the text model's width: `text_config.hidden_size` (5.x) or the top-level `hidden_size`
+    (the hub's flat layout). The table has (image_size / patch_size)^2 rows."""
+    text = d.get("text_config") if isinstance(d.get("text_config"), dict) else d
+    if text is v or "hidden_size" not in text:
+        raise KeyError("missing field 'hidden_size' of the text model (the projector's output width)")
+    side = int(get("image_size", default=384)) // common["patch_size"]
+    common = dict(
+        common,
+        temporal_patch_size=1,
+        depth=int(get("num_hidden_layers", "depth", default=27)),
+        in_channels=int(get("num_channels", "in_channels", default=3)),
+    )
+    return VisionConfig(
+        variant=PADDLEOCR_VL,
+        width=int(get("hidden_size", default=1152)),
+        intermediate_size=int(get("intermediate_size", default=4304)),
+        out_dim=int(text["hidden_size"]),
+        hidden_act=str(get("hidden_act", default="gelu_pytorch_tanh")),
+        num_position_embeddings=side * side,
+        norm_eps=float(get("layer_norm_eps", default=1e-6)),
         **common,
     )
 
@@ -482,6 +548,19 @@ QWEN4_EXP = dataclasses.replace(QWEN3_5_27B, out_dim=2560, family="qwen4_exp")
 QWEN3_OMNI_30B_A3B = dataclasses.replace(QWEN3_VL_8B, out_dim=2048, family="qwen3_omni_moe")
 QWEN2_5_OMNI_7B = dataclasses.replace(QWEN2_5_VL_7B, family="qwen2_5_omni")
 QWEN2_5_OMNI_3B = dataclasses.replace(QWEN2_5_VL_3B, family="qwen2_5_omni")
+# PaddleOCR-VL (0.9B): a 27 x 1152 tower (head_dim 72), 384 / 14 = 27 -> a 27 x 27 table, out the
+# ERNIE-4.5-0.3B language model's 1024.
+PADDLEOCR_VL_0_9B = VisionConfig(
+    variant=PADDLEOCR_VL,
+    depth=27,
+    width=1152,
+    num_heads=16,
+    intermediate_size=4304,
+    out_dim=1024,
+    hidden_act="gelu_pytorch_tanh",
+    temporal_patch_size=1,
+    num_position_embeddings=729,
+)
 
 PRESETS = {
     "qwen2-vl-2b": QWEN2_VL_2B,
@@ -501,4 +580,5 @@ PRESETS = {
     "qwen3-omni-30b-a3b": QWEN3_OMNI_30B_A3B,
     "qwen2.5-omni-7b": QWEN2_5_OMNI_7B,
     "qwen2.5-omni-3b": QWEN2_5_OMNI_3B,
+    "paddleocr-vl": PADDLEOCR_VL_0_9B,
 }

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from qwen_vit_jax.config import DTYPES, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import DTYPES, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
 from qwen_vit_jax.safetensors_io import (  # noqa: F401 (CheckpointError, read_safetensors: public here too)
     _PARAM_DTYPES,
     _ST_NAMES,
@@ -67,7 +67,7 @@ def _linear(w, cfg):  # torch Linear weight [out, in] -> kernel [in, out], used 
 
 def _conv(w, cfg):
     # Conv3d with stride == kernel over rows already flattened as (C, T, ph, pw): exactly
-    # rows [N, P] @ weight.reshape(D, P).T
+    # rows [N, P] @ weight.reshape(D, P).T (PaddleOCR-VL's Conv2d: rows (C, ph, pw), the same)
     return w.reshape(cfg.width, cfg.patch_dim).T
 
 
@@ -160,6 +160,8 @@ _V2, _V25, _V3, _V3VL = (QWEN2_VL,), (QWEN2_5_VL,), (QWEN3_VL, QWEN3_5), (QWEN3_
 _ALL = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
 _LN = (QWEN2_VL, QWEN3_VL, QWEN3_5)  # LayerNorm (with bias) variants
 _FUSED_QKV, _NATIVE, _O3, _O25 = (NATIVE, OMNI3), (NATIVE,), (OMNI3,), (OMNI25,)
+_P = (PADDLEOCR_VL,)
+_PL = r"vision_model\.encoder\.layers\.(?P<layer>0|[1-9][0-9]*)\."  # PaddleOCR-VL's blocks
 RULES: tuple[Rule, ...] = (
     Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _ALL),
     Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _V3),
@@ -228,7 +230,60 @@ RULES: tuple[Rule, ...] = (
     Rule(_DSO + r"mlp\.0\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL, _O3),
     Rule(_DSO + r"mlp\.2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL, _O3),
     Rule(_DSO + r"mlp\.2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL, _O3),
+    # PaddleOCR-VL: a SigLIP-named tower under visual.vision_model, q / k / v / out_proj apart, a
+    # post_layernorm, and HF's projector (`mlp_AR.*`, beside the tower: see PROJECTOR_PREFIXES).
+    Rule(r"vision_model\.embeddings\.patch_embedding\.weight", "patch_embed.kernel", _conv, "D C p p", "P D", _P),
+    Rule(r"vision_model\.embeddings\.patch_embedding\.bias", "patch_embed.bias", _identity, "D", "D", _P),
+    Rule(r"vision_model\.embeddings\.position_embedding\.weight", "pos_embed.table", _identity, "N D", "N D", _P),
+    Rule(_PL + r"layer_norm1\.weight", "blocks.norm1.scale", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _P),
+    *(
+        Rule(
+            _PL + rf"self_attn\.{n}_proj\.weight",
+            "blocks.attn.qkv.kernel",
+            _linear,
+            "D D",
+            "D D",
+            _P,
+            part=(i, 3),
+            whole="D 3D",
+        )
+        for i, n in enumerate("qkv")
+    ),
+    *(
+        Rule(
+            _PL + rf"self_attn\.{n}_proj\.bias",
+            "blocks.attn.qkv.bias",
+            _identity,
+            "D",
+            "D",
+            _P,
+            part=(i, 3),
+            whole="3D",
+        )
+        for i, n in enumerate("qkv")
+    ),
+    Rule(_PL + r"self_attn\.out_proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _P),
+    Rule(_PL + r"self_attn\.out_proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D", _P),
+    Rule(_PL + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _P),
+    Rule(_PL + r"mlp\.fc1\.bias", "blocks.mlp.fc1.bias", _identity, "I", "I", _P),
+    Rule(_PL + r"mlp\.fc2\.weight", "blocks.mlp.fc2.kernel", _linear, "D I", "I D", _P),
+    Rule(_PL + r"mlp\.fc2\.bias", "blocks.mlp.fc2.bias", _identity, "D", "D", _P),
+    Rule(r"vision_model\.post_layernorm\.weight", "post_norm.scale", _identity, "D", "D", _P),
+    Rule(r"vision_model\.post_layernorm\.bias", "post_norm.bias", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.pre_norm\.weight", "merger.norm.scale", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.pre_norm\.bias", "merger.norm.bias", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.linear_1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _P),
+    Rule(r"mlp_AR\.linear_1\.bias", "merger.fc1.bias", _identity, "M", "M", _P),
+    Rule(r"mlp_AR\.linear_2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _P),
+    Rule(r"mlp_AR\.linear_2\.bias", "merger.fc2.bias", _identity, "O", "O", _P),
 )
+# PaddleOCR-VL keeps its merger (HF's projector) beside the tower, not under its prefix: the hub and
+# save_pretrained spell it `mlp_AR.*`, transformers 5.x in memory `model.projector.*`. Its tensors
+# are matched as `mlp_AR.*` whichever prefix they carry.
+PROJECTOR_PREFIXES = ("mlp_AR.", "model.projector.")
 
 
 def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
@@ -244,7 +299,7 @@ def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
 # ---- reading an HF checkpoint -----------------------------------------------------------------
 # hub / transformers 5.x saves, some 4.5x saves (and the MoE / Qwen4-Exp hub files), the Omni thinkers
 _PREFIXES = ("visual.", "model.visual.", "thinker.visual.")
-_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint (any of its keys)
+_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.", "vision_model.")  # a vision-only checkpoint (any of its keys)
 
 
 def locate_tensors(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, SafetensorsFile]]:
@@ -307,8 +362,11 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
 
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
     matched, unknown = [], []
-    for key in sorted(k for k in where if k.startswith(prefix)):
-        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix) :]))]
+    local = {k: k[len(prefix) :] for k in where if k.startswith(prefix)}  # key -> name the rules match
+    if cfg.variant == PADDLEOCR_VL:
+        local |= _projector_names(where, hf_dir)
+    for key in sorted(local):
+        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(local[key]))]
         rule = hits[0][0] if len(hits) == 1 else None
         layer = int(hits[0][1][rule.stack]) if rule is not None and rule.per_block else None
         if len(hits) != 1:
@@ -366,7 +424,9 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             row[..., i * width : (i + 1) * width] = w
 
     missing = [
-        f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
+        f"{'' if r.pattern.startswith('mlp_AR') else prefix}{r.hf_key(i)} (-> {r.target}"
+        + ("" if i is None else f"[{i}]")
+        + ")"
         for _, r in rules
         for i in (range(r.rows(cfg)) if r.per_block else [None])
         if (r.target, i, r.part) not in filled
@@ -378,6 +438,17 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             + (" ..." if len(missing) > 10 else "")
         )
     return cfg, params, prefix
+
+
+def _projector_names(where: dict[str, pathlib.Path], hf_dir) -> dict[str, str]:
+    """PaddleOCR-VL's projector tensors (outside the tower's prefix) -> their `mlp_AR.*` names."""
+    found = {p: [k for k in where if k.startswith(p)] for p in PROJECTOR_PREFIXES}
+    if all(found.values()):
+        raise CheckpointError(
+            f"{hf_dir}: both 'mlp_AR.*' and 'model.projector.*' tensors are present (e.g. "
+            f"{found['mlp_AR.'][0]!r}, {found['model.projector.'][0]!r}): which is the projector?"
+        )
+    return {k: "mlp_AR." + k[len(p) :] for p, keys in found.items() for k in keys}
 
 
 def read_hf_vision_params(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:

@@ -25,6 +25,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from qwen_vit_jax.config import (
+    PADDLEOCR_VL,
+    PADDLEOCR_VL_0_9B,
     QWEN2_5_OMNI_3B,
     QWEN2_5_VL_3B,
     QWEN3_5,
@@ -39,7 +41,7 @@ from qwen_vit_jax.config import (
 )
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
 from qwen_vit_jax.hf_reference import OMNI_FAMILIES, hf_config
-from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
+from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, paddleocr_smart_resize, smart_resize
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
 # run in seconds on two CPU cores.
@@ -63,6 +65,12 @@ VARIANTS = {
     "qwen4-exp": {"tiny": dataclasses.replace(TINY_QWEN3_5, family="qwen4_exp"), "full": QWEN4_EXP},
     "qwen3-omni": {"tiny": dataclasses.replace(TINY_QWEN3_VL, family="qwen3_omni_moe"), "full": QWEN3_OMNI_30B_A3B},
     "qwen2.5-omni": {"tiny": dataclasses.replace(TINY, family="qwen2_5_omni"), "full": QWEN2_5_OMNI_3B},
+    "paddleocr-vl": {
+        "tiny": dataclasses.replace(
+            PADDLEOCR_VL_0_9B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128
+        ),
+        "full": PADDLEOCR_VL_0_9B,
+    },
 }
 SIZES = VARIANTS["qwen2.5-vl"]
 # Random full-size weights are written in bfloat16 (1.3 GB instead of 2.7 GB for the 3B tower, like
@@ -93,6 +101,20 @@ HUB_PREPROCESSOR_QWEN3 = {
 }
 
 
+# HF's PaddleOCRVLImageProcessorPil class defaults as a preprocessor_config.json (raster rows, no
+# temporal patch, CLIP mean / std).
+HUB_PREPROCESSOR_PADDLEOCR = {
+    "min_pixels": 384 * 384,
+    "max_pixels": 1536 * 1536,
+    "patch_size": 14,
+    "temporal_patch_size": 1,
+    "merge_size": 2,
+    "image_mean": list(OPENAI_CLIP_MEAN),
+    "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "PaddleOCRVLImageProcessor",
+}
+
+
 # ---- a random checkpoint in HF's layout ---------------------------------------------------------
 def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Every `visual.*` tensor of `cfg`'s tower in HF's shapes, randomly initialised.
@@ -112,7 +134,8 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
             continue
         shape = dims_to_shape(rule.src, cfg)
         for layer in range(rule.rows(cfg)) if rule.per_block else [None]:
-            key = prefix + rule.hf_key(layer)
+            # PaddleOCR-VL's merger is HF's projector, stored beside the tower as mlp_AR.*
+            key = ("" if rule.pattern.startswith("mlp_AR") else prefix) + rule.hf_key(layer)
             w = rng.standard_normal(shape, dtype=np.float32)
             if len(shape) >= 2:  # [out, in, ...]: fan_in is everything after the first axis
                 w *= 1 / math.sqrt(math.prod(shape[1:]))
@@ -142,6 +165,7 @@ def write_random_hf_checkpoint(
         write_safetensors(tmp / "model.safetensors", random_hf_tensors(cfg, seed, dtype), {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
         pre = HUB_PREPROCESSOR_QWEN3 if cfg.variant in QWEN3_FAMILY else HUB_PREPROCESSOR
+        pre = HUB_PREPROCESSOR_PADDLEOCR if cfg.variant == PADDLEOCR_VL else pre
         (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         os.rename(tmp, path)
@@ -377,7 +401,8 @@ def run_demo(
     grids = []  # patch grid (h, w) of each image: its preprocessed size / patch_size
     p = enc.preprocess
     for (name, im), emb in zip(images.items(), embs):
-        hh, ww = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        resize = paddleocr_smart_resize if enc.cfg.variant == PADDLEOCR_VL else smart_resize
+        hh, ww = resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
         grids.append((hh // p.patch_size, ww // p.patch_size))
         log(
             f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "

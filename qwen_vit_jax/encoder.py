@@ -36,9 +36,15 @@ from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.batching import pack
-from qwen_vit_jax.config import VisionConfig, dtype_named
+from qwen_vit_jax.config import PADDLEOCR_VL, VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, as_bits, fill_state
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, preprocess_video
+from qwen_vit_jax.preprocess import (
+    PADDLEOCR_PREPROCESS,
+    PreprocessConfig,
+    preprocess_images,
+    preprocess_paddleocr_images,
+    preprocess_video,
+)
 
 
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
@@ -118,7 +124,7 @@ class VisionEncoder:
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
-        self.preprocess = preprocess or PreprocessConfig()
+        self.preprocess = preprocess or (PADDLEOCR_PREPROCESS if cfg.variant == PADDLEOCR_VL else PreprocessConfig())
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
@@ -223,7 +229,8 @@ class VisionEncoder:
         """
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
-        return self._encode_many([preprocess_images([im], config=self.preprocess) for im in images])
+        prep = preprocess_paddleocr_images if self.cfg.variant == PADDLEOCR_VL else preprocess_images
+        return self._encode_many([prep([im], config=self.preprocess) for im in images])
 
     def encode_video(self, frames) -> np.ndarray:
         """One video (a list of frames) -> float32 [t * h * w / merge_unit, out_dim]."""
@@ -274,6 +281,8 @@ class VisionEncoder:
             raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {rows}")
         if check_finite:
             check_finite_rows(px, grid_thw)
+        if cfg.raster_rows:  # PaddleOCR-VL: raster rows per frame -> merge units, on the host (exact)
+            px = px[planlib.raster_to_merge_order(np.asarray(grid_thw, np.int64), cfg.spatial_merge_size)]
         return px
 
     def _plans(self, grid_thw) -> list[planlib.Plan]:

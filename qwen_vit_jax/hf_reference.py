@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -184,6 +184,13 @@ _HF_CLASSES = {
         "Qwen2_5OmniVisionEncoderConfig",
         "Qwen2_5OmniVisionEncoder",
     ),
+    "paddleocr_vl": (
+        "paddleocr_vl",
+        "PaddleOCRVLForConditionalGeneration",
+        "PaddleOCRVLConfig",
+        "PaddleOCRVisionConfig",
+        "PaddleOCRVisionModel",
+    ),
 }
 OMNI_FAMILIES = ("qwen3_omni_moe", "qwen2_5_omni")  # the tower sits in the thinker
 
@@ -197,6 +204,8 @@ def text_config(cfg: VisionConfig) -> dict:
         "qwen3_5_moe": dict(TEXT_CONFIG_QWEN3_5, **_MOE_FIELDS),
         "qwen4_exp": TEXT_CONFIG_QWEN4_EXP,
         "qwen3_omni_moe": dict(TEXT_CONFIG_QWEN3, **_MOE_FIELDS),
+        # PaddleOCR-VL's merger (HF's projector) outputs the text model's width
+        "paddleocr_vl": dict(TEXT_CONFIG_QWEN3, hidden_size=cfg.out_dim),
     }.get(cfg.hf_family, TEXT_CONFIG)
 
 
@@ -218,6 +227,21 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
         "spatial_merge_size": cfg.spatial_merge_size,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
     }
+    if cfg.variant == PADDLEOCR_VL:  # SigLIP names; the table's side from image_size / patch_size
+        return {
+            "model_type": common["model_type"],
+            "hidden_size": cfg.width,
+            "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.depth,
+            "num_attention_heads": cfg.num_heads,
+            "num_channels": cfg.in_channels,
+            "image_size": cfg.pos_embed_side * cfg.patch_size,
+            "patch_size": cfg.patch_size,
+            "hidden_act": cfg.hidden_act,
+            "layer_norm_eps": cfg.norm_eps,
+            "spatial_merge_size": cfg.spatial_merge_size,
+            "rope_parameters": common["rope_parameters"],
+        }
     if cfg.variant in QWEN3_FAMILY:
         vision = dict(
             common,
@@ -332,6 +356,8 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
     torch.manual_seed(seed)
     model = model_cls(hf_cfg).eval()
     reinit_(hf_tower(model), seed)
+    if cfg.variant == PADDLEOCR_VL:  # our merger is HF's projector, beside the tower
+        reinit_(model.model.projector, seed + 1)
     return model
 
 
@@ -356,11 +382,12 @@ def hf_image_features(model, pixel_values, grid_thw) -> np.ndarray:
     import torch
 
     owner = model.thinker if hasattr(model, "thinker") else model
+    px = torch.from_numpy(np.asarray(pixel_values, np.float32))
+    if owner.config.model_type == "paddleocr_vl":  # HF takes [N, C, p, p]; ours are rows [N, C * p * p]
+        v = owner.config.vision_config
+        px = px.reshape(len(px), v.num_channels, v.patch_size, v.patch_size)
     with torch.no_grad():
-        out = owner.get_image_features(
-            torch.from_numpy(np.asarray(pixel_values, np.float32)),
-            torch.from_numpy(np.asarray(grid_thw, np.int64)),
-        )
+        out = owner.get_image_features(px, torch.from_numpy(np.asarray(grid_thw, np.int64)))
     return torch.cat(list(out.pooler_output)).float().numpy()
 
 
@@ -373,7 +400,13 @@ def load_hf_vision_tower(hf_dir: str | pathlib.Path):
     from qwen_vit_jax.convert import locate_tensors, vision_prefix
 
     hf_dir = pathlib.Path(hf_dir)
-    full_cls, vision_cls, tower_cls, _ = _hf_classes(VisionConfig.from_hf(hf_dir).hf_family)
+    cfg = VisionConfig.from_hf(hf_dir)
+    if cfg.variant == PADDLEOCR_VL:
+        raise ValueError(
+            f"{hf_dir}: PaddleOCR-VL's merger is HF's projector, outside its vision tower: HF's tower "
+            "alone is not what encode returns (compare with hf_image_features of the full model)"
+        )
+    full_cls, vision_cls, tower_cls, _ = _hf_classes(cfg.hf_family)
     raw = json.loads((hf_dir / "config.json").read_text())
     if "thinker_config" in raw:  # an Omni model: the tower's config sits in the thinker's
         config = full_cls.from_pretrained(hf_dir).thinker_config.vision_config

@@ -1,7 +1,7 @@
-"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision tower in Flax NNX, top to bottom.
+"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / PaddleOCR-VL vision tower in Flax NNX, top to bottom.
 
   pixels [N, patch_dim] -> PatchEmbed (+ position table) -> depth x Block (window or full
-  attention; deepstack taps) -> PatchMerger -> [N / 4, out_dim]
+  attention; deepstack taps) -> (post norm) -> PatchMerger -> [N / 4, out_dim]
 
 All variants live here and differ only by config: Qwen2-VL uses LayerNorm and an
 fc1 -> act -> fc2 MLP with full attention everywhere; Qwen2.5-VL uses RMSNorm, a SwiGLU
@@ -10,7 +10,10 @@ layout with a patch-embedding bias, a learned square position table resampled to
 (indices and weights from the plan, added once before block 0) and the tanh GELU; Qwen3-VL
 also has deepstack mergers: after each block in `deepstack_layers`, a merger (shuffle first,
 then LayerNorm over the 4 * width merged row) turns that block's output into tokens
-(docs/qwen3.md).
+(docs/qwen3.md). PaddleOCR-VL is Qwen3.5's layout with 2-D patches (temporal patch 1), the table
+resampled with align_corners=False, a LayerNorm after the last block and HF's projector as the
+merger (docs/family.md); its pixel rows arrive in raster order and are put in merge units on the
+host before they get here (`plan.raster_to_merge_order`).
 
 Rows stay in the original pixel_values order throughout: frames are contiguous and each
 run of merge_unit (4) rows is one merge unit, so full attention, the merger and the output
@@ -91,11 +94,12 @@ class Linear(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """RMSNorm (Qwen2.5-VL, scale only) or LayerNorm (the others, scale + bias), in float32."""
+    """RMSNorm (Qwen2.5-VL, scale only) or LayerNorm (the others, scale + bias), in float32.
+    eps: cfg.norm_eps unless given (PaddleOCR-VL's merger norm has its own)."""
 
-    def __init__(self, dim: int, cfg: VisionConfig):
+    def __init__(self, dim: int, cfg: VisionConfig, eps: float | None = None):
         self.rms = cfg.norm == "rmsnorm"
-        self.eps = cfg.norm_eps
+        self.eps = cfg.norm_eps if eps is None else eps
         self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
         self.bias = None if self.rms else nnx.Param(jnp.zeros((dim,), jnp.float32))
 
@@ -213,7 +217,7 @@ class PatchMerger(nnx.Module):
         self.merge_unit = cfg.merge_unit
         self.postshuffle = postshuffle
         hidden = cfg.width * cfg.merge_unit
-        self.norm = Norm(hidden if postshuffle else cfg.width, cfg)
+        self.norm = Norm(hidden if postshuffle else cfg.width, cfg, cfg.merger_norm_eps)
         self.fc1 = Linear(hidden, hidden, num, rngs=rngs)
         self.fc2 = Linear(hidden, cfg.out_dim, num, rngs=rngs)
 
@@ -251,6 +255,7 @@ class VisionTransformer(nnx.Module):
             return Block(cfg, num, rngs=rngs)
 
         self.blocks = make_blocks(rngs)
+        self.post_norm = Norm(cfg.width, cfg) if cfg.post_norm else None  # PaddleOCR-VL's post_layernorm
         self.merger = PatchMerger(cfg, num, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.num_deepstack)
@@ -343,6 +348,8 @@ class VisionTransformer(nnx.Module):
             x, states = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D], [groups, period, N, D]
             if hidden_states:
                 states = states.reshape(cfg.depth, *x.shape)  # [groups, period, N, D] -> [depth, N, D]
+        if self.post_norm is not None:  # after the hidden states are recorded, as HF's encoder output
+            x = self.post_norm(x)
         out = self.merger(x)  # [N / merge_unit, out_dim]
         extras = []
         if hidden_states:

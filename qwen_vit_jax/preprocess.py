@@ -366,3 +366,66 @@ def preprocess_video(
     p = cfg.patch_size
     grid = np.asarray([[gt, video.shape[1] // p, video.shape[2] // p]], dtype=np.int64)
     return pixel_values, grid
+
+
+# ---- PaddleOCR-VL ------------------------------------------------------------------------------------
+# HF's PaddleOCRVLImageProcessorPil class defaults: pixel budget 384^2 .. 1536^2, patch 14, no temporal
+# patch, merge 2, CLIP mean / std (a checkpoint's preprocessor_config.json overrides them).
+PADDLEOCR_PREPROCESS = PreprocessConfig(min_pixels=384 * 384, max_pixels=1536 * 1536, temporal_patch_size=1)
+
+
+def paddleocr_smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 384 * 384, max_pixels: int = 1536 * 1536
+) -> tuple[int, int]:
+    """PaddleOCR-VL's target (height, width): `smart_resize` after first stretching a side shorter
+    than `factor` to `factor` (the other side scaled with it, rounded half-to-even as HF's `round`).
+    HF's own order of steps, so the same sizes."""
+    for name, v in (("height", height), ("width", width), ("factor", factor)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"paddleocr_smart_resize: {name} must be a positive int, got {v!r}")
+    if height < factor:
+        width, height = round(width * factor / height), factor
+    if width < factor:
+        height, width = round(height * factor / width), factor
+    return smart_resize(int(height), int(width), factor, min_pixels, max_pixels)
+
+
+def _patchify_raster(a: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[H, W, 3] uint8 -> float32 [H/p * W/p, 3 * T * p * p], rows in raster order (PaddleOCR-VL's
+    processor: no merge-unit grouping), each row (C, T, ph, pw) with the image repeated over T."""
+    H, W, C = a.shape
+    p, T = cfg.patch_size, cfg.temporal_patch_size
+    x = a.reshape(H // p, p, W // p, p, C).transpose(0, 2, 4, 1, 3)  # [gh, p, gw, p, C] -> [gh, gw, C, p, p]
+    x = np.ascontiguousarray(x).reshape(-1, C, 1, p, p)  # [N, C, 1, p, p]
+    out = np.empty((len(x), C, T, p, p), np.float32)
+    for i in range(0, len(x), _CHUNK):  # the image is broadcast over T on the write
+        out[i : i + _CHUNK] = _rescale_normalize(x[i : i + _CHUNK], cfg)
+    return out.reshape(len(x), C * T * p * p)
+
+
+def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images -> PaddleOCR-VL's tower input, as HF's PaddleOCRVLImageProcessorPil (bit for bit).
+
+    Args:
+      images: one image or a list of them (PIL images or channels-last uint8 arrays), any sizes.
+      config: PreprocessConfig (default PADDLEOCR_PREPROCESS, HF's class defaults).
+    Returns:
+      pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p] (HF's [N, 3, 14, 14] flattened per row),
+        rows in raster order per image, images concatenated in order.
+      grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
+    """
+    cfg = PADDLEOCR_PREPROCESS if config is None else config
+    if not isinstance(cfg, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
+    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
+        images = [images]
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    rows, grids = [], []
+    for i, image in enumerate(images):
+        a = _to_hwc3(image, cfg, f"image {i}")
+        size = paddleocr_smart_resize(a.shape[0], a.shape[1], cfg.factor, cfg.min_pixels, cfg.max_pixels)
+        a = _resize(a, cfg, size if cfg.do_resize else None)
+        rows.append(_patchify_raster(a, cfg))
+        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
+    return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
