@@ -38,6 +38,7 @@ _EXPORTS = {
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
     "preprocess_paddleocr_images": "preprocess",
+    "preprocess_glm4v_images": "preprocess",
     "preprocess_video": "preprocess",
 }
 __all__ = sorted(_EXPORTS)

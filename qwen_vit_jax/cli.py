@@ -452,7 +452,7 @@ call), print shapes, timings and compile counts, and save a picture: each image 
 first three principal components of its tokens as RGB.
   --variant qwen2.5-vl (default) or qwen3-vl (learned position table, deepstack mergers); the
             same towers as other families write those families' layouts: qwen3-vl-moe,
-            qwen3.5-moe, qwen4-exp, qwen3-omni, qwen2.5-omni; paddleocr-vl (docs/family.md)
+            qwen3.5-moe, qwen4-exp, qwen3-omni, qwen2.5-omni; paddleocr-vl, glm-4v, glm-4.5v (docs/family.md)
   tiny: a 4-block tower in float32; well under a minute on 2 CPU cores
   full: the variant's released tower (Qwen2.5-VL-3B, alias 3b; Qwen3-VL-8B; the families' presets),
         random bfloat16 weights (1.3 / 1.2 GB on disk), run in bfloat16
@@ -467,6 +467,8 @@ DEMO_VARIANTS = (
     "qwen3-omni",
     "qwen2.5-omni",
     "paddleocr-vl",
+    "glm-4v",
+    "glm-4.5v",
 )
 
 

@@ -5,6 +5,11 @@ HF's variants name the same things differently (the naming trap):
   Qwen2.5-VL : `hidden_size` = ViT width, `out_hidden_size` = merger output, `intermediate_size`
   Qwen3-VL, Qwen3.5 : as Qwen2.5-VL, plus `num_position_embeddings` (a learned square position
                table) and, Qwen3-VL only, `deepstack_visual_indexes` (ours: `deepstack_layers`)
+  PaddleOCR-VL : SigLIP names (`num_hidden_layers`, `num_attention_heads`, `num_channels`,
+               `layer_norm_eps`), the table's side from `image_size / patch_size`, the merger
+               (HF's projector) output from the text model's `hidden_size`
+  GLM-4V     : `out_hidden_size` = merger output AND block MLP width, `intermediate_size` = the
+               merger's SwiGLU width (ours: `merger_intermediate_size`)
 Ours is unambiguous: `width` is the ViT width, `out_dim` the merger output.
 """
 
@@ -24,10 +29,11 @@ QWEN2_5_VL = "qwen2_5_vl"
 QWEN3_VL = "qwen3_vl"
 QWEN3_5 = "qwen3_5"
 PADDLEOCR_VL = "paddleocr_vl"
-VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, PADDLEOCR_VL)
+GLM4V = "glm4v"
+VARIANTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5, PADDLEOCR_VL, GLM4V)
 QWEN3_FAMILY = (QWEN3_VL, QWEN3_5)  # learned position table, patch-embed bias, LayerNorm, gelu MLP
 # Towers with a learned square position table resampled to each grid (a host plan: posembed.py).
-TABLE_VARIANTS = (QWEN3_VL, QWEN3_5, PADDLEOCR_VL)
+TABLE_VARIANTS = (QWEN3_VL, QWEN3_5, PADDLEOCR_VL, GLM4V)
 
 # HF model families (their top-level model_type) whose vision tower is one of our variants. A
 # family names where a checkpoint keeps the tower and how its tensors and config are spelled; it
@@ -45,6 +51,8 @@ FAMILIES = {
     "qwen3_omni_moe": QWEN3_VL,
     "qwen2_5_omni": QWEN2_5_VL,
     "paddleocr_vl": PADDLEOCR_VL,
+    "glm4v": GLM4V,
+    "glm4v_moe": GLM4V,
 }
 
 # The dtypes the tower computes in and stores weights in, by name: the one table of the package
@@ -65,7 +73,7 @@ ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class VisionConfig:
-    """Hyper-parameters of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision tower.
+    """Hyper-parameters of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / PaddleOCR-VL / GLM-4V vision tower.
 
     Qwen2-VL: LayerNorm (with bias), fc1 -> act -> fc2 MLP, full attention in every block.
     Qwen2.5-VL: RMSNorm, SwiGLU MLP with biases, window attention except `fullatt_block_indexes`.
@@ -77,6 +85,11 @@ class VisionConfig:
       table resampled with align_corners=False, a LayerNorm after the last block, a merger norm
       with eps 1e-5, and pixel rows that arrive in raster order (the plan reorders them into
       merge units on the host: docs/family.md).
+    GLM-4.1V / 4.5V: Qwen2.5-VL's RMSNorm / SwiGLU blocks without MLP or projection biases (qkv
+      bias per `qkv_bias`) and full attention, an RMSNorm after the patch embedding, a table
+      resampled bicubically (16 taps, align_corners=False), a post-norm, and its own merger
+      (GlmMerger: a 2 x 2 conv downsample, then proj -> LayerNorm -> GELU -> SwiGLU of width
+      `merger_intermediate_size`). HF's `out_hidden_size` is both the block MLP width and the output.
     """
 
     variant: str
@@ -97,6 +110,8 @@ class VisionConfig:
     num_position_embeddings: int = 0  # rows of the learned position table; 0 = none (Qwen2 family)
     deepstack_layers: tuple[int, ...] = ()  # Qwen3-VL: blocks whose output feeds a deepstack merger
     family: str = ""  # HF model family (a FAMILIES key); "" = the variant's own (e.g. "qwen3_vl")
+    qkv_bias: bool = True  # GLM: HF's attention_bias (False for the released GLM-4.1V tower)
+    merger_intermediate_size: int = 0  # GLM: the merger's SwiGLU width (HF's intermediate_size); 0 = none
 
     def __post_init__(self):
         def bad(msg):
@@ -138,6 +153,14 @@ class VisionConfig:
         n_pos = self.num_position_embeddings
         if not isinstance(n_pos, int) or isinstance(n_pos, bool) or n_pos < 0:
             bad(f"num_position_embeddings must be a non-negative int, got {n_pos!r}")
+        mi = self.merger_intermediate_size
+        if (self.variant == GLM4V) != (isinstance(mi, int) and not isinstance(mi, bool) and mi > 0):
+            bad(f"merger_intermediate_size must be a positive int for GLM and 0 otherwise, got {mi!r}")
+        if self.variant == GLM4V and self.intermediate_size != self.out_dim:
+            sizes = f"intermediate_size {self.intermediate_size} != out_dim {self.out_dim}"
+            bad(f"GLM's block MLP width is its output width: {sizes}")
+        if not self.qkv_bias and self.variant != GLM4V:
+            bad(f"{self.variant} always has a qkv bias (qkv_bias=False is GLM's)")
         if self.variant == PADDLEOCR_VL and self.temporal_patch_size != 1:
             bad(f"PaddleOCR-VL has no temporal patch (temporal_patch_size must be 1), got {self.temporal_patch_size}")
         if self.variant in TABLE_VARIANTS:
@@ -207,13 +230,33 @@ class VisionConfig:
 
     @property
     def norm(self) -> str:
-        """Block / merger norm: "rmsnorm" (Qwen2.5-VL, no bias) or "layernorm" (with bias)."""
-        return "rmsnorm" if self.variant == QWEN2_5_VL else "layernorm"
+        """Block / merger norm: "rmsnorm" (Qwen2.5-VL, GLM; no bias) or "layernorm" (with bias)."""
+        return "rmsnorm" if self.variant in (QWEN2_5_VL, GLM4V) else "layernorm"
 
     @property
     def mlp(self) -> str:
-        """Block MLP: "swiglu" (Qwen2.5-VL: gate / up / down) or "mlp" (fc1 -> act -> fc2)."""
-        return "swiglu" if self.variant == QWEN2_5_VL else "mlp"
+        """Block MLP: "swiglu" (Qwen2.5-VL, GLM: gate / up / down) or "mlp" (fc1 -> act -> fc2)."""
+        return "swiglu" if self.variant in (QWEN2_5_VL, GLM4V) else "mlp"
+
+    @property
+    def block_bias(self) -> bool:
+        """Whether the blocks' attention projection and MLP have biases (all but GLM)."""
+        return self.variant != GLM4V
+
+    @property
+    def patch_norm(self) -> bool:
+        """An RMSNorm right after the patch embedding, before the position table (GLM)."""
+        return self.variant == GLM4V
+
+    @property
+    def merger(self) -> str:
+        """ "glm" (downsample conv + proj -> LayerNorm -> GELU -> SwiGLU) or "mlp" (the others)."""
+        return "glm" if self.variant == GLM4V else "mlp"
+
+    @property
+    def pos_embed_taps(self) -> int:
+        """Table rows per patch in the resampling: 16 (bicubic: GLM) or 4 (bilinear)."""
+        return 16 if self.variant == GLM4V else 4
 
     @property
     def patch_embed_bias(self) -> bool:
@@ -222,13 +265,13 @@ class VisionConfig:
 
     @property
     def pos_embed_align_corners(self) -> bool:
-        """How the table is resampled: align_corners=True (Qwen3) or False (PaddleOCR-VL)."""
-        return self.variant != PADDLEOCR_VL
+        """How the table is resampled: align_corners=True (Qwen3) or False (PaddleOCR-VL, GLM)."""
+        return self.variant in QWEN3_FAMILY
 
     @property
     def post_norm(self) -> bool:
-        """A LayerNorm after the last block (PaddleOCR-VL's post_layernorm)."""
-        return self.variant == PADDLEOCR_VL
+        """A norm after the last block (PaddleOCR-VL's post_layernorm, GLM's RMSNorm)."""
+        return self.variant in (PADDLEOCR_VL, GLM4V)
 
     @property
     def merger_norm_eps(self) -> float:
@@ -357,8 +400,8 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
 
     rope = v.get("rope_parameters") or v.get("rope_scaling") or {}
     q3 = variant in QWEN3_FAMILY
-    if variant == PADDLEOCR_VL:
-        q3 = False  # its patch size defaults to 14, as Qwen2's
+    if variant in (PADDLEOCR_VL, GLM4V):
+        q3 = False  # their patch size defaults to 14, as Qwen2's
     common = dict(
         depth=int(get("depth", "num_hidden_layers", default=27 if q3 else 32)),
         num_heads=int(get("num_heads", "num_attention_heads", default=16)),
@@ -373,6 +416,8 @@ def _from_hf_dict(d: dict[str, Any]) -> VisionConfig:
         return _qwen3_from_hf(variant, v, get, common)
     if variant == PADDLEOCR_VL:
         return _paddleocr_from_hf(d, v, get, common)
+    if variant == GLM4V:
+        return _glm4v_from_hf(v, get, common)
     # Qwen2.5-Omni's defaults are Qwen2.5-VL's (HF's default width 3584 is not a released tower's
     # 1280: the presets carry the released sizes).
     if variant == QWEN2_VL:
@@ -446,6 +491,29 @@ def _paddleocr_from_hf(d: dict[str, Any], v: dict[str, Any], get, common: dict[s
         hidden_act=str(get("hidden_act", default="gelu_pytorch_tanh")),
         num_position_embeddings=side * side,
         norm_eps=float(get("layer_norm_eps", default=1e-6)),
+        **common,
+    )
+
+
+def _glm4v_from_hf(v: dict[str, Any], get, common: dict[str, Any]) -> VisionConfig:
+    """GLM-4.1V / 4.5V (HF defaults: Glm4vVisionConfig). HF's `out_hidden_size` is the block MLP's
+    width and the tower's output, its `intermediate_size` the merger's SwiGLU width; the table has
+    (image_size / patch_size)^2 rows."""
+    side = int(_square_patch(get("image_size", default=336), "image_size")) // common["patch_size"]
+    out = int(get("out_hidden_size", default=4096))
+    common = dict(
+        common, depth=int(get("depth", "num_hidden_layers", default=24)), num_heads=int(get("num_heads", default=12))
+    )
+    return VisionConfig(
+        variant=GLM4V,
+        width=int(get("hidden_size", default=1536)),
+        intermediate_size=out,
+        out_dim=out,
+        merger_intermediate_size=int(get("intermediate_size", default=13696)),
+        hidden_act=str(get("hidden_act", default="silu")),
+        num_position_embeddings=side * side,
+        norm_eps=float(get("rms_norm_eps", default=1e-5)),
+        qkv_bias=bool(v.get("attention_bias", False)),
         **common,
     )
 
@@ -561,6 +629,23 @@ PADDLEOCR_VL_0_9B = VisionConfig(
     temporal_patch_size=1,
     num_position_embeddings=729,
 )
+# GLM-4.1V-9B: HF's Glm4vVisionConfig defaults are the released tower (24 x 1536, 12 heads, a 24 x 24
+# table from image_size 336 / patch 14, block MLP = out 4096, merger SwiGLU 13696). GLM-4.5V's tower
+# has the same shape with out_hidden_size 4096 (its language model's width).
+GLM_4_1V_9B = VisionConfig(
+    variant=GLM4V,
+    depth=24,
+    width=1536,
+    num_heads=12,
+    intermediate_size=4096,
+    out_dim=4096,
+    merger_intermediate_size=13696,
+    hidden_act="silu",
+    norm_eps=1e-5,
+    num_position_embeddings=576,
+    qkv_bias=False,
+)
+GLM_4_5V = dataclasses.replace(GLM_4_1V_9B, family="glm4v_moe")
 
 PRESETS = {
     "qwen2-vl-2b": QWEN2_VL_2B,
@@ -581,4 +666,6 @@ PRESETS = {
     "qwen2.5-omni-7b": QWEN2_5_OMNI_7B,
     "qwen2.5-omni-3b": QWEN2_5_OMNI_3B,
     "paddleocr-vl": PADDLEOCR_VL_0_9B,
+    "glm-4.1v-9b": GLM_4_1V_9B,
+    "glm-4.5v": GLM_4_5V,
 }

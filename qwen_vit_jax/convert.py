@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from qwen_vit_jax.config import DTYPES, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import DTYPES, GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
 from qwen_vit_jax.safetensors_io import (  # noqa: F401 (CheckpointError, read_safetensors: public here too)
     _PARAM_DTYPES,
     _ST_NAMES,
@@ -71,6 +71,13 @@ def _conv(w, cfg):
     return w.reshape(cfg.width, cfg.patch_dim).T
 
 
+def _downsample(w, cfg):
+    # GLM's Conv2d(D -> O, kernel = stride = merge) over a merge unit's rows viewed as [m, m, D]:
+    # out[o] = sum_{i, j, d} W[o, d, i, j] x[(i, j), d], i.e. the concatenated [m * m * D] row (unit
+    # rows in raster order, then width) @ W.permute(i, j, d, o)
+    return w.transpose(2, 3, 1, 0).reshape(cfg.merge_unit * cfg.width, cfg.out_dim)
+
+
 def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
     """Dimension string -> shape, e.g. "3D D" -> (3 * width, width)."""
     dims = dict(
@@ -83,6 +90,8 @@ def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
         T=cfg.temporal_patch_size,
         p=cfg.patch_size,
         N=cfg.num_position_embeddings,
+        J=cfg.merger_intermediate_size,
+        m=cfg.spatial_merge_size,
     )
     tokens = (re.fullmatch(r"(\d*)([A-Za-z])", t) for t in spec.split())
     return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
@@ -126,12 +135,14 @@ class Rule:
     layouts: tuple[str, ...] = LAYOUTS
     part: tuple[int, int] | None = None
     whole: str | None = None
+    needs: str | None = None  # a VisionConfig flag the tensor exists under (GLM's qkv bias: "qkv_bias")
 
     def applies(self, cfg: VisionConfig) -> bool:
-        """Whether the rule is part of `cfg`'s table (variant, key layout, and a stack with rows)."""
+        """Whether the rule is part of `cfg`'s table (variant, key layout, flag, and a stack with rows)."""
         return (
             cfg.variant in self.variants
             and key_layout(cfg) in self.layouts
+            and (self.needs is None or getattr(cfg, self.needs))
             and not (self.per_block and self.rows(cfg) == 0)
         )
 
@@ -279,6 +290,33 @@ RULES: tuple[Rule, ...] = (
     Rule(r"mlp_AR\.linear_1\.bias", "merger.fc1.bias", _identity, "M", "M", _P),
     Rule(r"mlp_AR\.linear_2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _P),
     Rule(r"mlp_AR\.linear_2\.bias", "merger.fc2.bias", _identity, "O", "O", _P),
+)
+_G = (GLM4V,)
+RULES += (
+    # GLM-4.1V / 4.5V: RMSNorm blocks (scale only), SwiGLU without biases, qkv bias per the config's
+    # attention_bias, no proj bias; norms after the patch embedding and the last block; the merger
+    # starts with the downsample conv (a matmul over the merge unit's concatenated rows).
+    Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _G),
+    Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _G),
+    Rule(r"post_conv_layernorm\.weight", "patch_norm.scale", _identity, "D", "D", _G),
+    Rule(r"embeddings\.position_embedding\.weight", "pos_embed.table", _identity, "N D", "N D", _G),
+    Rule(_B + r"norm1\.weight", "blocks.norm1.scale", _identity, "D", "D", _G),
+    Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _G),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _G),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _G, needs="qkv_bias"),
+    Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _G),
+    Rule(_B + r"mlp\.gate_proj\.weight", "blocks.mlp.gate.kernel", _linear, "I D", "D I", _G),
+    Rule(_B + r"mlp\.up_proj\.weight", "blocks.mlp.up.kernel", _linear, "I D", "D I", _G),
+    Rule(_B + r"mlp\.down_proj\.weight", "blocks.mlp.down.kernel", _linear, "D I", "I D", _G),
+    Rule(r"post_layernorm\.weight", "post_norm.scale", _identity, "D", "D", _G),
+    Rule(r"downsample\.weight", "merger.downsample.kernel", _downsample, "O D m m", "M O", _G),
+    Rule(r"downsample\.bias", "merger.downsample.bias", _identity, "O", "O", _G),
+    Rule(r"merger\.proj\.weight", "merger.proj.kernel", _linear, "O O", "O O", _G),
+    Rule(r"merger\.post_projection_norm\.weight", "merger.norm.scale", _identity, "O", "O", _G),
+    Rule(r"merger\.post_projection_norm\.bias", "merger.norm.bias", _identity, "O", "O", _G),
+    Rule(r"merger\.gate_proj\.weight", "merger.mlp.gate.kernel", _linear, "J O", "O J", _G),
+    Rule(r"merger\.up_proj\.weight", "merger.mlp.up.kernel", _linear, "J O", "O J", _G),
+    Rule(r"merger\.down_proj\.weight", "merger.mlp.down.kernel", _linear, "O J", "J O", _G),
 )
 # PaddleOCR-VL keeps its merger (HF's projector) beside the tower, not under its prefix: the hub and
 # save_pretrained spell it `mlp_AR.*`, transformers 5.x in memory `model.projector.*`. Its tensors

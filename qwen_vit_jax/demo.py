@@ -25,6 +25,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from qwen_vit_jax.config import (
+    GLM4V,
+    GLM_4_1V_9B,
+    GLM_4_5V,
     PADDLEOCR_VL,
     PADDLEOCR_VL_0_9B,
     QWEN2_5_OMNI_3B,
@@ -41,7 +44,13 @@ from qwen_vit_jax.config import (
 )
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
 from qwen_vit_jax.hf_reference import OMNI_FAMILIES, hf_config
-from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, paddleocr_smart_resize, smart_resize
+from qwen_vit_jax.preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    glm4v_smart_resize,
+    paddleocr_smart_resize,
+    smart_resize,
+)
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
 # run in seconds on two CPU cores.
@@ -55,6 +64,10 @@ TINY_QWEN3_VL = dataclasses.replace(
 # The rest of the family at the same tiny size: the same towers under other families' config
 # layouts and key names (config.FAMILIES).
 TINY_QWEN3_5 = dataclasses.replace(TINY_QWEN3_VL, variant=QWEN3_5, deepstack_layers=())
+# GLM-4.1V's tower at the same size (the released 24 x 24 table; block MLP width = out_dim, as GLM's).
+TINY_GLM4V = dataclasses.replace(
+    GLM_4_1V_9B, depth=4, width=128, num_heads=4, intermediate_size=128, out_dim=128, merger_intermediate_size=256
+)
 # --variant -> {--size -> tower}; "full" is the variant's released tower ("3b": Qwen2.5-VL's, kept
 # as the name it had before there were other variants).
 VARIANTS = {
@@ -71,6 +84,8 @@ VARIANTS = {
         ),
         "full": PADDLEOCR_VL_0_9B,
     },
+    "glm-4v": {"tiny": TINY_GLM4V, "full": GLM_4_1V_9B},
+    "glm-4.5v": {"tiny": dataclasses.replace(TINY_GLM4V, family="glm4v_moe"), "full": GLM_4_5V},
 }
 SIZES = VARIANTS["qwen2.5-vl"]
 # Random full-size weights are written in bfloat16 (1.3 GB instead of 2.7 GB for the 3B tower, like
@@ -112,6 +127,18 @@ HUB_PREPROCESSOR_PADDLEOCR = {
     "image_mean": list(OPENAI_CLIP_MEAN),
     "image_std": list(OPENAI_CLIP_STD),
     "image_processor_type": "PaddleOCRVLImageProcessor",
+}
+
+
+# HF's Glm4vImageProcessorPil class defaults as a preprocessor_config.json (the budget as `size`).
+HUB_PREPROCESSOR_GLM4V = {
+    "size": {"shortest_edge": 112 * 112, "longest_edge": 28 * 28 * 15000},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": list(OPENAI_CLIP_MEAN),
+    "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "Glm4vImageProcessor",
 }
 
 
@@ -165,7 +192,7 @@ def write_random_hf_checkpoint(
         write_safetensors(tmp / "model.safetensors", random_hf_tensors(cfg, seed, dtype), {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
         pre = HUB_PREPROCESSOR_QWEN3 if cfg.variant in QWEN3_FAMILY else HUB_PREPROCESSOR
-        pre = HUB_PREPROCESSOR_PADDLEOCR if cfg.variant == PADDLEOCR_VL else pre
+        pre = {PADDLEOCR_VL: HUB_PREPROCESSOR_PADDLEOCR, GLM4V: HUB_PREPROCESSOR_GLM4V}.get(cfg.variant, pre)
         (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         os.rename(tmp, path)
@@ -401,7 +428,7 @@ def run_demo(
     grids = []  # patch grid (h, w) of each image: its preprocessed size / patch_size
     p = enc.preprocess
     for (name, im), emb in zip(images.items(), embs):
-        resize = paddleocr_smart_resize if enc.cfg.variant == PADDLEOCR_VL else smart_resize
+        resize = {PADDLEOCR_VL: paddleocr_smart_resize, GLM4V: glm4v_smart_resize}.get(enc.cfg.variant, smart_resize)
         hh, ww = resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
         grids.append((hh // p.patch_size, ww // p.patch_size))
         log(

@@ -36,11 +36,13 @@ from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.batching import pack
-from qwen_vit_jax.config import PADDLEOCR_VL, VisionConfig, dtype_named
+from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, as_bits, fill_state
 from qwen_vit_jax.preprocess import (
+    GLM4V_PREPROCESS,
     PADDLEOCR_PREPROCESS,
     PreprocessConfig,
+    preprocess_glm4v_images,
     preprocess_images,
     preprocess_paddleocr_images,
     preprocess_video,
@@ -124,7 +126,8 @@ class VisionEncoder:
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device)
         self.policy = policy or planlib.BucketPolicy()
-        self.preprocess = preprocess or (PADDLEOCR_PREPROCESS if cfg.variant == PADDLEOCR_VL else PreprocessConfig())
+        defaults = {PADDLEOCR_VL: PADDLEOCR_PREPROCESS, GLM4V: GLM4V_PREPROCESS}.get(cfg.variant, PreprocessConfig())
+        self.preprocess = preprocess or defaults
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
@@ -229,7 +232,9 @@ class VisionEncoder:
         """
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
-        prep = preprocess_paddleocr_images if self.cfg.variant == PADDLEOCR_VL else preprocess_images
+        prep = {PADDLEOCR_VL: preprocess_paddleocr_images, GLM4V: preprocess_glm4v_images}.get(
+            self.cfg.variant, preprocess_images
+        )
         return self._encode_many([prep([im], config=self.preprocess) for im in images])
 
     def encode_video(self, frames) -> np.ndarray:

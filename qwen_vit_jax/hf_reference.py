@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from qwen_vit_jax.config import PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -191,8 +191,29 @@ _HF_CLASSES = {
         "PaddleOCRVisionConfig",
         "PaddleOCRVisionModel",
     ),
+    "glm4v": ("glm4v", "Glm4vForConditionalGeneration", "Glm4vConfig", "Glm4vVisionConfig", "Glm4vVisionModel"),
+    "glm4v_moe": (
+        "glm4v_moe",
+        "Glm4vMoeForConditionalGeneration",
+        "Glm4vMoeConfig",
+        "Glm4vMoeVisionConfig",
+        "Glm4vMoeVisionModel",
+    ),
 }
 OMNI_FAMILIES = ("qwen3_omni_moe", "qwen2_5_omni")  # the tower sits in the thinker
+# GLM's text models: rotary over half the head (mrope_section sums to head_dim / 4).
+TEXT_CONFIG_GLM4V = dict(
+    TEXT_CONFIG_QWEN3,
+    rope_parameters={
+        "rope_type": "default",
+        "mrope_section": [1, 1, 2],
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+    },
+)
+_GLM_MOE_FIELDS = dict(
+    moe_intermediate_size=16, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1, first_k_dense_replace=1
+)
 
 
 def text_config(cfg: VisionConfig) -> dict:
@@ -206,6 +227,8 @@ def text_config(cfg: VisionConfig) -> dict:
         "qwen3_omni_moe": dict(TEXT_CONFIG_QWEN3, **_MOE_FIELDS),
         # PaddleOCR-VL's merger (HF's projector) outputs the text model's width
         "paddleocr_vl": dict(TEXT_CONFIG_QWEN3, hidden_size=cfg.out_dim),
+        "glm4v": TEXT_CONFIG_GLM4V,
+        "glm4v_moe": dict(TEXT_CONFIG_GLM4V, **_GLM_MOE_FIELDS),
     }.get(cfg.hf_family, TEXT_CONFIG)
 
 
@@ -242,6 +265,16 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
             "spatial_merge_size": cfg.spatial_merge_size,
             "rope_parameters": common["rope_parameters"],
         }
+    if cfg.variant == GLM4V:  # HF's out_hidden_size is the block MLP width too; intermediate_size the merger's
+        return dict(
+            common,
+            hidden_size=cfg.width,
+            out_hidden_size=cfg.out_dim,
+            intermediate_size=cfg.merger_intermediate_size,
+            image_size=cfg.pos_embed_side * cfg.patch_size,
+            rms_norm_eps=cfg.norm_eps,
+            attention_bias=cfg.qkv_bias,
+        )
     if cfg.variant in QWEN3_FAMILY:
         vision = dict(
             common,

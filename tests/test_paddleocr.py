@@ -247,3 +247,32 @@ def test_demo_checkpoint_loads_in_transformers(tmp_path):
     px = random_pixels(cfg, g, seed=2)
     tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g)
     assert_fp32_close(tokens, hf_image_features(model.eval(), px, g))
+
+
+def test_ideal_flops(encoder):
+    """The post-norm and the projector add no dots beyond the merger's: ideal == compiled."""
+    report = encoder.cost_report([[1, 16, 16]])
+    assert report["padded_patches"] == 256
+    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_parity_real_size(tmp_path):
+    """The released PaddleOCR-VL tower and projector (27 x 1152, a 27 x 27 table, out 1024) on one
+    non-square image, fp32 and bf16, against get_image_features."""
+    import time
+
+    t0 = time.perf_counter()
+    hf = build_hf_model(PADDLE, seed=7)
+    hf.save_pretrained(tmp_path / "hf")
+    qvj.convert_checkpoint(tmp_path / "hf", tmp_path / "ours")
+    g = np.array([[1, 12, 20]])  # 240 patches: CI time
+    px = random_pixels(PADDLE, g, seed=8)
+    ref = hf_image_features(hf, px, g)
+    del hf
+    rel32, max32 = assert_fp32_close(qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g), ref)
+    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "ours", dtype="bfloat16")
+    cos16, rel16 = assert_bf16_close(enc16.encode(px, g), ref)
+    print(f"\npaddleocr-vl real size fp32: rel {rel32:.3g}, max abs / max|ref| {max32:.3g}")
+    print(f"paddleocr-vl real size bf16: min cos {cos16:.5f}, rel {rel16:.3g}")
+    print(f"paddleocr-vl real-size test: {time.perf_counter() - t0:.1f} s")

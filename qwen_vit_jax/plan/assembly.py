@@ -164,6 +164,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
             tiles=n_tiles,
             window_rows=s,
             pos_embed_rows=pe_rows,
+            pos_embed_taps=pe_index.shape[1],
         ),
         pos_ids=buf[:pos_end].reshape(n_pad, 2),
         segment_ids=buf[pos_end:seg_end],

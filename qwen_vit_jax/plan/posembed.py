@@ -93,6 +93,66 @@ def _fill_interp(grid, side, m, align_corners, idx, wts):
             wts[q, k] = 0.0
 
 
+@numba.njit(cache=True)
+def _axis_taps_bicubic(pos, size, side, align_corners, taps, weights):
+    """GLM's bicubic resampling along one axis: the 4 taps floor(src) - 1 .. floor(src) + 2 (clamped
+    to [0, side - 1]: border padding) into `taps` and their Keys-kernel weights (a = -0.75, from the
+    unclamped distances) into `weights`. float32 in torch's order (transformers' helper), literals
+    float32 on purpose."""
+    if align_corners:
+        src = np.float32(pos) * np.float32(side - 1) / np.float32(max(size - 1, 1))
+    else:
+        half = np.float32(0.5)
+        src = (np.float32(pos) + half) * np.float32(side) / np.float32(size) - half
+    fl = np.floor(src)
+    frac = src - fl
+    a = np.float32(-0.75)
+    for k in range(4):
+        o = k - 1
+        taps[k] = min(max(np.int64(fl) + o, 0), side - 1)
+        d = abs(frac - np.float32(o))
+        if d <= np.float32(1.0):
+            weights[k] = ((a + np.float32(2.0)) * d - (a + np.float32(3.0))) * d * d + np.float32(1.0)
+        else:
+            weights[k] = ((a * d - np.float32(5.0) * a) * d + np.float32(8.0) * a) * d - np.float32(4.0) * a
+
+
+@numba.njit(cache=True)
+def _fill_bicubic(grid, side, m, align_corners, idx, wts):
+    """idx: int32 [rows, 16], wts: float32 [rows, 16]: as `_fill_interp`, with 4 x 4 taps per patch
+    (row taps outer, column taps inner, as HF's helper) and weights the products of the axes'."""
+    ht = np.empty(4, np.int64)
+    hw = np.empty(4, np.float32)
+    ct = np.empty(4, np.int64)
+    cw = np.empty(4, np.float32)
+    r = 0
+    for g in range(grid.shape[0]):
+        t, h, w = grid[g, 0], grid[g, 1], grid[g, 2]
+        first = r
+        for hb in range(h // m):
+            for wb in range(w // m):
+                for i in range(m):
+                    _axis_taps_bicubic(hb * m + i, h, side, align_corners, ht, hw)
+                    for j in range(m):
+                        _axis_taps_bicubic(wb * m + j, w, side, align_corners, ct, cw)
+                        for a in range(4):
+                            for b in range(4):
+                                idx[r, 4 * a + b] = ht[a] * side + ct[b]
+                                wts[r, 4 * a + b] = hw[a] * cw[b]
+                        r += 1
+        n = h * w
+        for _ in range(1, t):  # every frame of a video has the same positions
+            for q in range(n):
+                for k in range(16):
+                    idx[r + q, k] = idx[first + q, k]
+                    wts[r + q, k] = wts[first + q, k]
+            r += n
+    for q in range(r, idx.shape[0]):
+        for k in range(16):
+            idx[q, k] = 0
+            wts[q, k] = 0.0
+
+
 def _check_grid(grid_thw, cfg: VisionConfig) -> np.ndarray:
     """grid_thw as int64 [k, 3], validated: positive, h and w multiples of the merge size."""
     if cfg.num_position_embeddings <= 0:
@@ -124,8 +184,9 @@ def interpolation_indices_weights(
         so their position embedding is exactly 0). Default N.
 
     Returns:
-      indices: int32 [rows, 4] into the flattened [side * side, D] table.
-      weights: float32 [rows, 4], equal to HF's bilinear align_corners weights bit for bit.
+      indices: int32 [rows, taps] into the flattened [side * side, D] table (taps =
+        cfg.pos_embed_taps: 4 bilinear, 16 bicubic).
+      weights: float32 [rows, taps], equal to HF's helper's weights bit for bit.
     Both are read-only and shared through a cache keyed by (grid, side, merge, rows).
     """
     g = _check_grid(grid_thw, cfg)
@@ -134,16 +195,24 @@ def interpolation_indices_weights(
     if not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows < n:
         raise ValueError(f"rows must be an int >= the grid's {n} patches, got {rows!r}")
     return _cached(
-        g.tobytes(), len(g), cfg.pos_embed_side, cfg.spatial_merge_size, cfg.pos_embed_align_corners, int(rows)
+        g.tobytes(),
+        len(g),
+        cfg.pos_embed_side,
+        cfg.spatial_merge_size,
+        cfg.pos_embed_align_corners,
+        cfg.pos_embed_taps,
+        int(rows),
     )
 
 
 @functools.lru_cache(maxsize=32)
-def _cached(grid_bytes: bytes, k: int, side: int, m: int, align: bool, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def _cached(
+    grid_bytes: bytes, k: int, side: int, m: int, align: bool, taps: int, rows: int
+) -> tuple[np.ndarray, np.ndarray]:
     grid = np.frombuffer(grid_bytes, np.int64).reshape(k, 3)
-    idx = np.empty((rows, 4), np.int32)
-    wts = np.empty((rows, 4), np.float32)
-    _fill_interp(grid, side, m, align, idx, wts)
+    idx = np.empty((rows, taps), np.int32)
+    wts = np.empty((rows, taps), np.float32)
+    (_fill_bicubic if taps == 16 else _fill_interp)(grid, side, m, align, idx, wts)
     idx.flags.writeable = False
     wts.flags.writeable = False
     return idx, wts
