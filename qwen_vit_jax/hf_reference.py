@@ -396,15 +396,17 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
 
 def hf_visual(model, pixel_values, grid_thw) -> np.ndarray:
     """`visual(pixel_values, grid_thw=...)` of a full HF model or of a vision tower: the merged
-    tokens (`pooler_output`), float32 numpy [T, out_dim]."""
+    tokens (`pooler_output`), float32 numpy [T, out_dim]. GLM's tower is fed per-frame grids (each
+    [t, h, w] row as t rows [1, h, w]), as its get_video_features does: its position code indexes
+    grid rows by frame."""
     import torch
 
     visual = hf_tower(model)
+    grid = np.asarray(grid_thw, np.int64)
+    if visual.config.model_type.startswith("glm4v"):
+        grid = np.repeat(np.concatenate([np.ones_like(grid[:, :1]), grid[:, 1:]], 1), grid[:, 0], axis=0)  # [F, 3]
     with torch.no_grad():
-        out = visual(
-            torch.from_numpy(np.asarray(pixel_values, np.float32)),
-            grid_thw=torch.from_numpy(np.asarray(grid_thw, np.int64)),
-        )
+        out = visual(torch.from_numpy(np.asarray(pixel_values, np.float32)), grid_thw=torch.from_numpy(grid))
     return getattr(out, "pooler_output", out).float().numpy()  # transformers 4.x returns the tensor
 
 
