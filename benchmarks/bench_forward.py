@@ -33,7 +33,7 @@ import time
 import common
 import numpy as np
 
-VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")
+VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")  # the default; also "paddleocr-vl", "glm-4.1v-9b"
 PLOT = common.ROOT / "benchmarks" / "forward.png"  # RESULTS.md shows this file
 SEED = 0
 
@@ -86,7 +86,12 @@ def hf_worker(p: dict) -> dict:
     }
     for dtype in sorted(p["dtypes"], key=lambda d: d != "float32"):
         visual = model.model.visual.to(device, getattr(torch, dtype)).eval()
-        out["dtypes"][dtype] = time_sizes(functools.partial(hf_call, visual, device), p, f"hf-{dtype}")
+        if model.config.model_type == "paddleocr_vl":  # what encode returns: the tower and its projector
+            model.model.projector.to(device, getattr(torch, dtype)).eval()
+            call = functools.partial(hf_call_projector, model.model, device)
+        else:
+            call = functools.partial(hf_call, visual, device)
+        out["dtypes"][dtype] = time_sizes(call, p, f"hf-{dtype}")
     return out
 
 
@@ -96,6 +101,18 @@ def hf_call(visual, device: str, px: np.ndarray, g: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         y = visual(torch.from_numpy(px).to(device), grid_thw=torch.from_numpy(g).to(device))
         return y.pooler_output.float().cpu().numpy()
+
+
+def hf_call_projector(model, device: str, px: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """PaddleOCR-VL: get_image_features (tower, then the projector that is our merger) on HF's
+    [N, C, p, p] pixels, the pieces concatenated."""
+    import torch
+
+    v = model.config.vision_config
+    with torch.no_grad():
+        x = torch.from_numpy(px).to(device).reshape(len(px), v.num_channels, v.patch_size, v.patch_size)
+        y = model.get_image_features(x, torch.from_numpy(g).to(device))
+        return torch.cat(list(y.pooler_output)).float().cpu().numpy()
 
 
 def ours_worker(p: dict) -> dict:

@@ -39,6 +39,8 @@ _EXPORTS = {
     "load_model": "model",
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
+    "preprocess_paddleocr_images": "preprocess",
+    "preprocess_glm4v_images": "preprocess",
     "preprocess_video": "video",
 }
 __all__ = sorted(_EXPORTS)

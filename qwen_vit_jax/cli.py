@@ -380,11 +380,26 @@ No download: write a random-weight checkpoint in the real HF layout (cached), co
 the real converter, preprocess a few generated images, encode them twice (compile, then a warm
 call), print shapes, timings and compile counts, and save a picture: each image next to the
 first three principal components of its tokens as RGB.
-  --variant qwen2.5-vl (default) or qwen3-vl (learned position table, deepstack mergers)
+  --variant qwen2.5-vl (default) or qwen3-vl (learned position table, deepstack mergers); the
+            same towers as other families write those families' layouts: qwen3-vl-moe,
+            qwen3.5-moe, qwen4-exp, qwen3-omni, qwen2.5-omni; paddleocr-vl, glm-4v, glm-4.5v (docs/family.md)
   tiny: a 4-block tower in float32; well under a minute on 2 CPU cores
-  full: the variant's released tower (Qwen2.5-VL-3B, alias 3b; Qwen3-VL-8B), random bfloat16
-        weights (1.3 / 1.2 GB on disk), run in bfloat16
+  full: the variant's released tower (Qwen2.5-VL-3B, alias 3b; Qwen3-VL-8B; the families' presets),
+        random bfloat16 weights (1.3 / 1.2 GB on disk), run in bfloat16
 """
+# demo.VARIANTS' keys (spelled out here: building the parser imports no model code)
+DEMO_VARIANTS = (
+    "qwen2.5-vl",
+    "qwen3-vl",
+    "qwen3-vl-moe",
+    "qwen3.5-moe",
+    "qwen4-exp",
+    "qwen3-omni",
+    "qwen2.5-omni",
+    "paddleocr-vl",
+    "glm-4v",
+    "glm-4.5v",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -526,7 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"example: {PROG} demo --size tiny --out demo.png",
     )
     p.add_argument(
-        "--variant", choices=("qwen2.5-vl", "qwen3-vl"), default="qwen2.5-vl", help="tower family (default qwen2.5-vl)"
+        "--variant",
+        choices=DEMO_VARIANTS,
+        default="qwen2.5-vl",
+        help="tower family (default qwen2.5-vl)",
     )
     p.add_argument(
         "--size",

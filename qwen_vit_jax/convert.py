@@ -1,4 +1,6 @@
-"""HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint -> our params, through one strict, declarative key table.
+"""HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint (and the families carrying those towers:
+the MoE models, Qwen4-Exp, Qwen3-Omni, Qwen2.5-Omni) -> our params, through one strict, declarative
+key table.
 
 Reading touches only the vision tensors: safetensors headers (or the shard index) say where each
 tensor lives, only shards holding vision keys are opened, and tensor bytes are memory-mapped and
@@ -37,7 +39,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from qwen_vit_jax.config import DTYPES, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import DTYPES, GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL, VisionConfig
 from qwen_vit_jax.safetensors_io import (  # noqa: F401 (CheckpointError, read_safetensors: public here too)
     _PARAM_DTYPES,
     _ST_NAMES,
@@ -67,8 +69,15 @@ def _linear(w, cfg):  # torch Linear weight [out, in] -> kernel [in, out], used 
 
 def _conv(w, cfg):
     # Conv3d with stride == kernel over rows already flattened as (C, T, ph, pw): exactly
-    # rows [N, P] @ weight.reshape(D, P).T
+    # rows [N, P] @ weight.reshape(D, P).T (PaddleOCR-VL's Conv2d: rows (C, ph, pw), the same)
     return w.reshape(cfg.width, cfg.patch_dim).T
+
+
+def _downsample(w, cfg):
+    # GLM's Conv2d(D -> O, kernel = stride = merge) over a merge unit's rows viewed as [m, m, D]:
+    # out[o] = sum_{i, j, d} W[o, d, i, j] x[(i, j), d], i.e. the concatenated [m * m * D] row (unit
+    # rows in raster order, then width) @ W.permute(i, j, d, o)
+    return w.transpose(2, 3, 1, 0).reshape(cfg.merge_unit * cfg.width, cfg.out_dim)
 
 
 def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
@@ -83,9 +92,23 @@ def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
         T=cfg.temporal_patch_size,
         p=cfg.patch_size,
         N=cfg.num_position_embeddings,
+        J=cfg.merger_intermediate_size,
+        m=cfg.spatial_merge_size,
     )
     tokens = (re.fullmatch(r"(\d*)([A-Za-z])", t) for t in spec.split())
     return tuple(int(m[1] or 1) * dims[m[2]] for m in tokens)
+
+
+# Key layouts: how a family spells its tower's tensors. Most families spell them as their variant
+# does ("native"); the Omni thinkers keep older names (Qwen3-Omni: the merger as `ln_q` / `mlp.0` /
+# `mlp.2`, the deepstack mergers as `merger_list.k`; Qwen2.5-Omni: separate `q` / `k` / `v`).
+NATIVE, OMNI3, OMNI25 = "native", "qwen3_omni_moe", "qwen2_5_omni"
+LAYOUTS = (NATIVE, OMNI3, OMNI25)
+
+
+def key_layout(cfg: VisionConfig) -> str:
+    """The key layout of `cfg`'s checkpoint family (one of LAYOUTS)."""
+    return cfg.hf_family if cfg.hf_family in (OMNI3, OMNI25) else NATIVE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +121,11 @@ class Rule:
       row k is the merger of the k-th entry of cfg.deepstack_layers, as in HF's list).
     src, dst: shapes as dimension strings (D width, I MLP hidden, O merger out, M = merge_unit * D,
       P patch_dim, C/T/p channels/temporal patch/patch, N position-table rows); dst is per row.
+    variants, layouts: the rule applies to a config of one of `variants` whose checkpoint spells its
+      keys in one of `layouts` (`key_layout`).
+    part: (i, k) for a split -> fused rule: the tensor fills the i-th of k equal column blocks of
+      the target's last axis (Qwen2.5-Omni's q, k, v -> our qkv); `whole` is then the target's
+      per-row shape, dst the part's.
     """
 
     pattern: str
@@ -106,6 +134,19 @@ class Rule:
     src: str
     dst: str
     variants: tuple[str, ...] = (QWEN2_VL, QWEN2_5_VL)
+    layouts: tuple[str, ...] = LAYOUTS
+    part: tuple[int, int] | None = None
+    whole: str | None = None
+    needs: str | None = None  # a VisionConfig flag the tensor exists under (GLM's qkv bias: "qkv_bias")
+
+    def applies(self, cfg: VisionConfig) -> bool:
+        """Whether the rule is part of `cfg`'s table (variant, key layout, flag, and a stack with rows)."""
+        return (
+            cfg.variant in self.variants
+            and key_layout(cfg) in self.layouts
+            and (self.needs is None or getattr(cfg, self.needs))
+            and not (self.per_block and self.rows(cfg) == 0)
+        )
 
     @property
     def stack(self) -> str | None:
@@ -127,9 +168,13 @@ class Rule:
 
 _B = r"blocks\.(?P<layer>0|[1-9][0-9]*)\."
 _DS = r"deepstack_merger_list\.(?P<tap>0|[1-9][0-9]*)\."
+_DSO = r"merger_list\.(?P<tap>0|[1-9][0-9]*)\."  # Qwen3-Omni's spelling of the deepstack mergers
 _V2, _V25, _V3, _V3VL = (QWEN2_VL,), (QWEN2_5_VL,), (QWEN3_VL, QWEN3_5), (QWEN3_VL,)
 _ALL = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, QWEN3_5)
 _LN = (QWEN2_VL, QWEN3_VL, QWEN3_5)  # LayerNorm (with bias) variants
+_FUSED_QKV, _NATIVE, _O3, _O25 = (NATIVE, OMNI3), (NATIVE,), (OMNI3,), (OMNI25,)
+_P = (PADDLEOCR_VL,)
+_PL = r"vision_model\.encoder\.layers\.(?P<layer>0|[1-9][0-9]*)\."  # PaddleOCR-VL's blocks
 RULES: tuple[Rule, ...] = (
     Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _ALL),
     Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _V3),
@@ -138,8 +183,18 @@ RULES: tuple[Rule, ...] = (
     Rule(_B + r"norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _LN),
     Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _ALL),
     Rule(_B + r"norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _LN),
-    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _ALL),
-    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _ALL),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _ALL, _FUSED_QKV),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _ALL, _FUSED_QKV),
+    # Qwen2.5-Omni: q, k, v apart; each fills its third of our fused qkv (columns q | k | v, as HF's
+    # fused qkv rows are ordered).
+    *(
+        Rule(_B + rf"attn\.{n}\.weight", "blocks.attn.qkv.kernel", _linear, "D D", "D D", _V25, _O25, (i, 3), "D 3D")
+        for i, n in enumerate("qkv")
+    ),
+    *(
+        Rule(_B + rf"attn\.{n}\.bias", "blocks.attn.qkv.bias", _identity, "D", "D", _V25, _O25, (i, 3), "3D")
+        for i, n in enumerate("qkv")
+    ),
     Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _ALL),
     Rule(_B + r"attn\.proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D", _ALL),
     Rule(_B + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _V2),
@@ -162,35 +217,129 @@ RULES: tuple[Rule, ...] = (
     Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M"),
     Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O"),
     Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O"),
-    Rule(r"merger\.norm\.weight", "merger.norm.scale", _identity, "D", "D", _V3),
-    Rule(r"merger\.norm\.bias", "merger.norm.bias", _identity, "D", "D", _V3),
-    Rule(r"merger\.linear_fc1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3),
-    Rule(r"merger\.linear_fc1\.bias", "merger.fc1.bias", _identity, "M", "M", _V3),
-    Rule(r"merger\.linear_fc2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3),
-    Rule(r"merger\.linear_fc2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3),
+    # Qwen3-Omni keeps the Qwen2 merger's names for its Qwen3-VL merger (a LayerNorm with bias).
+    Rule(r"merger\.ln_q\.weight", "merger.norm.scale", _identity, "D", "D", _V3VL, _O3),
+    Rule(r"merger\.ln_q\.bias", "merger.norm.bias", _identity, "D", "D", _V3VL, _O3),
+    Rule(r"merger\.mlp\.0\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3VL, _O3),
+    Rule(r"merger\.mlp\.0\.bias", "merger.fc1.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(r"merger\.mlp\.2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3VL, _O3),
+    Rule(r"merger\.mlp\.2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3VL, _O3),
+    Rule(r"merger\.norm\.weight", "merger.norm.scale", _identity, "D", "D", _V3, _NATIVE),
+    Rule(r"merger\.norm\.bias", "merger.norm.bias", _identity, "D", "D", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc1\.bias", "merger.fc1.bias", _identity, "M", "M", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _V3, _NATIVE),
+    Rule(r"merger\.linear_fc2\.bias", "merger.fc2.bias", _identity, "O", "O", _V3, _NATIVE),
     # Qwen3-VL deepstack mergers: the norm runs after the 2x2 shuffle, so it spans M = 4D.
-    Rule(_DS + r"norm\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"norm\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"linear_fc1\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL),
-    Rule(_DS + r"linear_fc1\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL),
-    Rule(_DS + r"linear_fc2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL),
-    Rule(_DS + r"linear_fc2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL),
+    Rule(_DS + r"norm\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"norm\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc1\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc1\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL, _NATIVE),
+    Rule(_DS + r"linear_fc2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL, _NATIVE),
+    Rule(_DSO + r"ln_q\.weight", "deepstack.norm.scale", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"ln_q\.bias", "deepstack.norm.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.0\.weight", "deepstack.fc1.kernel", _linear, "M M", "M M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.0\.bias", "deepstack.fc1.bias", _identity, "M", "M", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.2\.weight", "deepstack.fc2.kernel", _linear, "O M", "M O", _V3VL, _O3),
+    Rule(_DSO + r"mlp\.2\.bias", "deepstack.fc2.bias", _identity, "O", "O", _V3VL, _O3),
+    # PaddleOCR-VL: a SigLIP-named tower under visual.vision_model, q / k / v / out_proj apart, a
+    # post_layernorm, and HF's projector (`mlp_AR.*`, beside the tower: see PROJECTOR_PREFIXES).
+    Rule(r"vision_model\.embeddings\.patch_embedding\.weight", "patch_embed.kernel", _conv, "D C p p", "P D", _P),
+    Rule(r"vision_model\.embeddings\.patch_embedding\.bias", "patch_embed.bias", _identity, "D", "D", _P),
+    Rule(r"vision_model\.embeddings\.position_embedding\.weight", "pos_embed.table", _identity, "N D", "N D", _P),
+    Rule(_PL + r"layer_norm1\.weight", "blocks.norm1.scale", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm1\.bias", "blocks.norm1.bias", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _P),
+    Rule(_PL + r"layer_norm2\.bias", "blocks.norm2.bias", _identity, "D", "D", _P),
+    *(
+        Rule(
+            _PL + rf"self_attn\.{n}_proj\.weight",
+            "blocks.attn.qkv.kernel",
+            _linear,
+            "D D",
+            "D D",
+            _P,
+            part=(i, 3),
+            whole="D 3D",
+        )
+        for i, n in enumerate("qkv")
+    ),
+    *(
+        Rule(
+            _PL + rf"self_attn\.{n}_proj\.bias",
+            "blocks.attn.qkv.bias",
+            _identity,
+            "D",
+            "D",
+            _P,
+            part=(i, 3),
+            whole="3D",
+        )
+        for i, n in enumerate("qkv")
+    ),
+    Rule(_PL + r"self_attn\.out_proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _P),
+    Rule(_PL + r"self_attn\.out_proj\.bias", "blocks.attn.proj.bias", _identity, "D", "D", _P),
+    Rule(_PL + r"mlp\.fc1\.weight", "blocks.mlp.fc1.kernel", _linear, "I D", "D I", _P),
+    Rule(_PL + r"mlp\.fc1\.bias", "blocks.mlp.fc1.bias", _identity, "I", "I", _P),
+    Rule(_PL + r"mlp\.fc2\.weight", "blocks.mlp.fc2.kernel", _linear, "D I", "I D", _P),
+    Rule(_PL + r"mlp\.fc2\.bias", "blocks.mlp.fc2.bias", _identity, "D", "D", _P),
+    Rule(r"vision_model\.post_layernorm\.weight", "post_norm.scale", _identity, "D", "D", _P),
+    Rule(r"vision_model\.post_layernorm\.bias", "post_norm.bias", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.pre_norm\.weight", "merger.norm.scale", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.pre_norm\.bias", "merger.norm.bias", _identity, "D", "D", _P),
+    Rule(r"mlp_AR\.linear_1\.weight", "merger.fc1.kernel", _linear, "M M", "M M", _P),
+    Rule(r"mlp_AR\.linear_1\.bias", "merger.fc1.bias", _identity, "M", "M", _P),
+    Rule(r"mlp_AR\.linear_2\.weight", "merger.fc2.kernel", _linear, "O M", "M O", _P),
+    Rule(r"mlp_AR\.linear_2\.bias", "merger.fc2.bias", _identity, "O", "O", _P),
 )
+_G = (GLM4V,)
+RULES += (
+    # GLM-4.1V / 4.5V: RMSNorm blocks (scale only), SwiGLU without biases, qkv bias per the config's
+    # attention_bias, no proj bias; norms after the patch embedding and the last block; the merger
+    # starts with the downsample conv (a matmul over the merge unit's concatenated rows).
+    Rule(r"patch_embed\.proj\.weight", "patch_embed.kernel", _conv, "D C T p p", "P D", _G),
+    Rule(r"patch_embed\.proj\.bias", "patch_embed.bias", _identity, "D", "D", _G),
+    Rule(r"post_conv_layernorm\.weight", "patch_norm.scale", _identity, "D", "D", _G),
+    Rule(r"embeddings\.position_embedding\.weight", "pos_embed.table", _identity, "N D", "N D", _G),
+    Rule(_B + r"norm1\.weight", "blocks.norm1.scale", _identity, "D", "D", _G),
+    Rule(_B + r"norm2\.weight", "blocks.norm2.scale", _identity, "D", "D", _G),
+    Rule(_B + r"attn\.qkv\.weight", "blocks.attn.qkv.kernel", _linear, "3D D", "D 3D", _G),
+    Rule(_B + r"attn\.qkv\.bias", "blocks.attn.qkv.bias", _identity, "3D", "3D", _G, needs="qkv_bias"),
+    Rule(_B + r"attn\.proj\.weight", "blocks.attn.proj.kernel", _linear, "D D", "D D", _G),
+    Rule(_B + r"mlp\.gate_proj\.weight", "blocks.mlp.gate.kernel", _linear, "I D", "D I", _G),
+    Rule(_B + r"mlp\.up_proj\.weight", "blocks.mlp.up.kernel", _linear, "I D", "D I", _G),
+    Rule(_B + r"mlp\.down_proj\.weight", "blocks.mlp.down.kernel", _linear, "D I", "I D", _G),
+    Rule(r"post_layernorm\.weight", "post_norm.scale", _identity, "D", "D", _G),
+    Rule(r"downsample\.weight", "merger.downsample.kernel", _downsample, "O D m m", "M O", _G),
+    Rule(r"downsample\.bias", "merger.downsample.bias", _identity, "O", "O", _G),
+    Rule(r"merger\.proj\.weight", "merger.proj.kernel", _linear, "O O", "O O", _G),
+    Rule(r"merger\.post_projection_norm\.weight", "merger.norm.scale", _identity, "O", "O", _G),
+    Rule(r"merger\.post_projection_norm\.bias", "merger.norm.bias", _identity, "O", "O", _G),
+    Rule(r"merger\.gate_proj\.weight", "merger.mlp.gate.kernel", _linear, "J O", "O J", _G),
+    Rule(r"merger\.up_proj\.weight", "merger.mlp.up.kernel", _linear, "J O", "O J", _G),
+    Rule(r"merger\.down_proj\.weight", "merger.mlp.down.kernel", _linear, "O J", "J O", _G),
+)
+# PaddleOCR-VL keeps its merger (HF's projector) beside the tower, not under its prefix: the hub and
+# save_pretrained spell it `mlp_AR.*`, transformers 5.x in memory `model.projector.*`. Its tensors
+# are matched as `mlp_AR.*` whichever prefix they carry.
+PROJECTOR_PREFIXES = ("mlp_AR.", "model.projector.")
 
 
 def expected_param_shapes(cfg: VisionConfig) -> dict[str, tuple[int, ...]]:
     """Our flat param key -> shape; per-block params lead with L = cfg.depth, deepstack params with
     K = cfg.num_deepstack (a Qwen3-VL config without deepstack layers has none)."""
     return {
-        r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.dst, cfg)
+        r.target: ((r.rows(cfg),) if r.per_block else ()) + dims_to_shape(r.whole or r.dst, cfg)
         for r in RULES
-        if cfg.variant in r.variants and not (r.per_block and r.rows(cfg) == 0)
+        if r.applies(cfg)
     }
 
 
 # ---- reading an HF checkpoint -----------------------------------------------------------------
-_PREFIXES = ("visual.", "model.visual.")  # hub / transformers 5.x saves, some 4.5x saves
-_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.")  # a vision-only checkpoint (any of its keys)
+# hub / transformers 5.x saves, some 4.5x saves (and the MoE / Qwen4-Exp hub files), the Omni thinkers
+_PREFIXES = ("visual.", "model.visual.", "thinker.visual.")
+_BARE_ROOTS = ("patch_embed.", "blocks.", "merger.", "vision_model.")  # a vision-only checkpoint (any of its keys)
 
 
 def locate_tensors(hf_dir: pathlib.Path) -> tuple[dict[str, pathlib.Path], dict[pathlib.Path, SafetensorsFile]]:
@@ -222,15 +371,16 @@ def vision_prefix(keys: Iterable[str], where: pathlib.Path) -> str:
     found = {p: k for p in _PREFIXES for k in keys if k.startswith(p)}
     if len(found) > 1:
         raise CheckpointError(
-            f"{where}: both 'visual.*' and 'model.visual.*' tensors are present (e.g. "
-            f"{found['visual.']!r}, {found['model.visual.']!r}): which is the tower?"
+            f"{where}: tensors under several tower prefixes are present (e.g. "
+            + ", ".join(f"{k!r}" for k in found.values())
+            + "): which is the tower?"
         )
     if found:
         return next(iter(found))
     if any(k.startswith(_BARE_ROOTS) for k in keys):
         return ""  # vision-only checkpoint: then every tensor in it must be a vision tensor
     raise CheckpointError(
-        f"{where}: no vision tensors (keys under 'visual.', 'model.visual.' or bare "
+        f"{where}: no vision tensors (keys under 'visual.', 'model.visual.', 'thinker.visual.' or bare "
         "'patch_embed.' / 'blocks.' / 'merger.')"
     )
 
@@ -248,13 +398,15 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         raise CheckpointError(str(e)) from None
     where, files = locate_tensors(hf_dir)
     prefix = vision_prefix(where, hf_dir)
-    rules = [(re.compile(r.pattern), r) for r in RULES if cfg.variant in r.variants]
-    rules = [(rx, r) for rx, r in rules if not (r.per_block and r.rows(cfg) == 0)]
+    rules = [(re.compile(r.pattern), r) for r in RULES if r.applies(cfg)]
 
     # Pass 1, names only: every vision key maps to exactly one rule and an existing block.
     matched, unknown = [], []
-    for key in sorted(k for k in where if k.startswith(prefix)):
-        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(key[len(prefix) :]))]
+    local = {k: k[len(prefix) :] for k in where if k.startswith(prefix)}  # key -> name the rules match
+    if cfg.variant == PADDLEOCR_VL:
+        local |= _projector_names(where, hf_dir)
+    for key in sorted(local):
+        hits = [(r, m) for rx, r in rules if (m := rx.fullmatch(local[key]))]
         rule = hits[0][0] if len(hits) == 1 else None
         layer = int(hits[0][1][rule.stack]) if rule is not None and rule.per_block else None
         if len(hits) != 1:
@@ -282,7 +434,7 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             raise CheckpointError(f"{path}: the index places tensor {key!r} here, but the file lacks it")
         loc = f"{path}: tensor {key!r}"
         st, shape = f.entries[key][:2]
-        src, dst = dims_to_shape(rule.src, cfg), dims_to_shape(rule.dst, cfg)
+        src, dst = dims_to_shape(rule.src, cfg), dims_to_shape(rule.dst, cfg)  # dst: per row, per part
         if shape != src:
             raise CheckpointError(f"{loc}: shape {shape}, expected {src} = [{rule.src}] for {cfg.variant}")
         if st not in _PARAM_DTYPES:
@@ -290,25 +442,34 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
         w = rule.transform(f.get(key), cfg)
         if w.shape != dst:  # a table bug, but never write a wrongly shaped param
             raise CheckpointError(f"{loc}: transformed to {w.shape}, expected {dst} for {rule.target}")
-        slot = (rule.target, layer)
+        slot = (rule.target, layer, rule.part)
         if slot in filled:
-            raise CheckpointError(f"{loc}: {rule.target}[{layer}] already filled from {filled[slot]!r}")
+            what = f"{rule.target}[{layer}]" + ("" if rule.part is None else f" part {rule.part[0]} of {rule.part[1]}")
+            raise CheckpointError(f"{loc}: {what} already filled from {filled[slot]!r}")
         filled[slot] = key
-        if layer is None:
+        if layer is None and rule.part is None:
             params[rule.target] = np.array(w)  # copy out of the file mapping
             continue
-        if rule.target not in params:  # preallocate [L, ...] in the source dtype
+        if rule.target not in params:  # preallocate [L, ...] (or the fused whole) in the source dtype
             params[rule.target] = np.empty(shapes[rule.target], w.dtype)
         stack = params[rule.target]
         if stack.dtype != w.dtype:
-            raise CheckpointError(f"{loc}: dtype {w.dtype}, other blocks of {rule.target}: {stack.dtype}")
-        stack[layer] = w
+            raise CheckpointError(f"{loc}: dtype {w.dtype}, other parts of {rule.target}: {stack.dtype}")
+        row = stack if layer is None else stack[layer]  # a view: writes land in the stack
+        if rule.part is None:
+            row[...] = w
+        else:  # the i-th of k column blocks of the last axis
+            i, k = rule.part
+            width = row.shape[-1] // k
+            row[..., i * width : (i + 1) * width] = w
 
     missing = [
-        f"{prefix}{r.hf_key(i)} (-> {r.target}" + ("" if i is None else f"[{i}]") + ")"
+        f"{'' if r.pattern.startswith('mlp_AR') else prefix}{r.hf_key(i)} (-> {r.target}"
+        + ("" if i is None else f"[{i}]")
+        + ")"
         for _, r in rules
         for i in (range(r.rows(cfg)) if r.per_block else [None])
-        if (r.target, i) not in filled
+        if (r.target, i, r.part) not in filled
     ]
     if missing:
         raise CheckpointError(
@@ -317,6 +478,17 @@ def _read_hf(hf_dir) -> tuple[VisionConfig, dict[str, np.ndarray], str]:
             + (" ..." if len(missing) > 10 else "")
         )
     return cfg, params, prefix
+
+
+def _projector_names(where: dict[str, pathlib.Path], hf_dir) -> dict[str, str]:
+    """PaddleOCR-VL's projector tensors (outside the tower's prefix) -> their `mlp_AR.*` names."""
+    found = {p: [k for k in where if k.startswith(p)] for p in PROJECTOR_PREFIXES}
+    if all(found.values()):
+        raise CheckpointError(
+            f"{hf_dir}: both 'mlp_AR.*' and 'model.projector.*' tensors are present (e.g. "
+            f"{found['mlp_AR.'][0]!r}, {found['model.projector.'][0]!r}): which is the projector?"
+        )
+    return {k: "mlp_AR." + k[len(p) :] for p, keys in found.items() for k in keys}
 
 
 def read_hf_vision_params(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, np.ndarray]]:
@@ -499,8 +671,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     """`HF_DIR OUT_DIR [--dtype {float32,bfloat16}] [--overwrite]`; prints one summary line."""
     ap = argparse.ArgumentParser(
         prog=prog,
-        description="Convert the vision tower of an HF Qwen2-VL / "
-        "Qwen2.5-VL / Qwen3-VL / Qwen3.5 checkpoint to qwen_vit_jax params.",
+        description="Convert the vision tower of an HF Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 "
+        "checkpoint (or Qwen3-VL-MoE, Qwen3.5-MoE, Qwen4-Exp, Qwen3-Omni, Qwen2.5-Omni) to qwen_vit_jax params.",
     )
     ap.add_argument("hf_dir", help="HF checkpoint directory (config.json + *.safetensors)")
     ap.add_argument("out_dir", help="output directory (must not exist unless --overwrite)")

@@ -21,7 +21,8 @@ from qwen_vit_jax.config import VisionConfig
 
 def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
     """Analytic FLOPs (2 per multiply-add) of the tower on real rows only: patch embedding,
-    blocks (SwiGLU: 3 matrices; the fc1 / fc2 MLP: 2), the merger and Qwen3-VL's deepstack
+    blocks (SwiGLU: 3 matrices; the fc1 / fc2 MLP: 2), the merger (GLM's: downsample, proj and a
+    SwiGLU) and Qwen3-VL's deepstack
     mergers (each the merger's two matrices: the encoder computes them with every call). The
     position-table gather is elementwise work: not counted (nor is it in `dot_flops`).
 
@@ -36,6 +37,9 @@ def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
     mlp = (3 if cfg.mlp == "swiglu" else 2) * 2 * d * i
     per_row = 2 * cfg.patch_dim * d + cfg.depth * (2 * d * 3 * d + 2 * d * d + mlp)
     merge = 2 * (cfg.merge_unit * d) ** 2 + 2 * cfg.merge_unit * d * cfg.out_dim
+    if cfg.merger == "glm":  # downsample [4D, O], proj [O, O], SwiGLU 3 x [O, J]
+        o, j = cfg.out_dim, cfg.merger_intermediate_size
+        merge = 2 * cfg.merge_unit * d * o + 2 * o * o + 3 * 2 * o * j
     full_layers = sum(cfg.full_attention_layers)
     attention = 4 * d * (full_layers * np.square(frames).sum() + (cfg.depth - full_layers) * np.square(windows).sum())
     mergers = 1 + cfg.num_deepstack

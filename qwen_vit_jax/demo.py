@@ -24,10 +24,33 @@ import time
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN3_FAMILY, QWEN3_VL_8B, VisionConfig, dtype_named
+from qwen_vit_jax.config import (
+    GLM4V,
+    GLM_4_1V_9B,
+    GLM_4_5V,
+    PADDLEOCR_VL,
+    PADDLEOCR_VL_0_9B,
+    QWEN2_5_OMNI_3B,
+    QWEN2_5_VL_3B,
+    QWEN3_5,
+    QWEN3_5_35B_A3B,
+    QWEN3_FAMILY,
+    QWEN3_OMNI_30B_A3B,
+    QWEN3_VL_8B,
+    QWEN3_VL_30B_A3B,
+    QWEN4_EXP,
+    VisionConfig,
+    dtype_named,
+)
 from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
-from qwen_vit_jax.hf_reference import hf_config
-from qwen_vit_jax.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, smart_resize
+from qwen_vit_jax.hf_reference import OMNI_FAMILIES, hf_config
+from qwen_vit_jax.preprocess import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    glm4v_smart_resize,
+    paddleocr_smart_resize,
+    smart_resize,
+)
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
 # run in seconds on two CPU cores.
@@ -38,11 +61,31 @@ TINY = dataclasses.replace(
 TINY_QWEN3_VL = dataclasses.replace(
     QWEN3_VL_8B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128, deepstack_layers=(1, 2)
 )
+# The rest of the family at the same tiny size: the same towers under other families' config
+# layouts and key names (config.FAMILIES).
+TINY_QWEN3_5 = dataclasses.replace(TINY_QWEN3_VL, variant=QWEN3_5, deepstack_layers=())
+# GLM-4.1V's tower at the same size (the released 24 x 24 table; block MLP width = out_dim, as GLM's).
+TINY_GLM4V = dataclasses.replace(
+    GLM_4_1V_9B, depth=4, width=128, num_heads=4, intermediate_size=128, out_dim=128, merger_intermediate_size=256
+)
 # --variant -> {--size -> tower}; "full" is the variant's released tower ("3b": Qwen2.5-VL's, kept
 # as the name it had before there were other variants).
 VARIANTS = {
     "qwen2.5-vl": {"tiny": TINY, "full": QWEN2_5_VL_3B, "3b": QWEN2_5_VL_3B},
     "qwen3-vl": {"tiny": TINY_QWEN3_VL, "full": QWEN3_VL_8B},
+    "qwen3-vl-moe": {"tiny": dataclasses.replace(TINY_QWEN3_VL, family="qwen3_vl_moe"), "full": QWEN3_VL_30B_A3B},
+    "qwen3.5-moe": {"tiny": dataclasses.replace(TINY_QWEN3_5, family="qwen3_5_moe"), "full": QWEN3_5_35B_A3B},
+    "qwen4-exp": {"tiny": dataclasses.replace(TINY_QWEN3_5, family="qwen4_exp"), "full": QWEN4_EXP},
+    "qwen3-omni": {"tiny": dataclasses.replace(TINY_QWEN3_VL, family="qwen3_omni_moe"), "full": QWEN3_OMNI_30B_A3B},
+    "qwen2.5-omni": {"tiny": dataclasses.replace(TINY, family="qwen2_5_omni"), "full": QWEN2_5_OMNI_3B},
+    "paddleocr-vl": {
+        "tiny": dataclasses.replace(
+            PADDLEOCR_VL_0_9B, depth=4, width=128, num_heads=4, intermediate_size=256, out_dim=128
+        ),
+        "full": PADDLEOCR_VL_0_9B,
+    },
+    "glm-4v": {"tiny": TINY_GLM4V, "full": GLM_4_1V_9B},
+    "glm-4.5v": {"tiny": dataclasses.replace(TINY_GLM4V, family="glm4v_moe"), "full": GLM_4_5V},
 }
 SIZES = VARIANTS["qwen2.5-vl"]
 # Random full-size weights are written in bfloat16 (1.3 GB instead of 2.7 GB for the 3B tower, like
@@ -73,24 +116,53 @@ HUB_PREPROCESSOR_QWEN3 = {
 }
 
 
+# HF's PaddleOCRVLImageProcessorPil class defaults as a preprocessor_config.json (raster rows, no
+# temporal patch, CLIP mean / std).
+HUB_PREPROCESSOR_PADDLEOCR = {
+    "min_pixels": 384 * 384,
+    "max_pixels": 1536 * 1536,
+    "patch_size": 14,
+    "temporal_patch_size": 1,
+    "merge_size": 2,
+    "image_mean": list(OPENAI_CLIP_MEAN),
+    "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "PaddleOCRVLImageProcessor",
+}
+
+
+# HF's Glm4vImageProcessorPil class defaults as a preprocessor_config.json (the budget as `size`).
+HUB_PREPROCESSOR_GLM4V = {
+    "size": {"shortest_edge": 112 * 112, "longest_edge": 28 * 28 * 15000},
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": list(OPENAI_CLIP_MEAN),
+    "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "Glm4vImageProcessor",
+}
+
+
 # ---- a random checkpoint in HF's layout ---------------------------------------------------------
 def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") -> dict[str, np.ndarray]:
     """Every `visual.*` tensor of `cfg`'s tower in HF's shapes, randomly initialised.
 
     Matrices (and the Conv3d patch embedding) N(0, 1/fan_in), biases 0.02 N(0, 1), norm weights
     1 + 0.1 N(0, 1): the parity-test init of docs/numerics.md, which keeps attention far from uniform.
-    The key set comes from the converter's table (`convert.RULES`), one tensor per rule and row of
-    its stacked param (per block, or per deepstack merger: `Rule.rows`).
+    The key set comes from the converter's table (`convert.RULES`: the rules of `cfg`'s variant and
+    key layout), one tensor per rule and row of its stacked param (per block, or per deepstack
+    merger: `Rule.rows`), under the family's prefix (`visual.`, the Omni thinkers' `thinker.visual.`).
     """
     out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
+    prefix = "thinker.visual." if cfg.hf_family in OMNI_FAMILIES else "visual."
     tensors = {}
     for rule in RULES:
-        if cfg.variant not in rule.variants:
+        if not rule.applies(cfg):
             continue
         shape = dims_to_shape(rule.src, cfg)
         for layer in range(rule.rows(cfg)) if rule.per_block else [None]:
-            key = "visual." + rule.hf_key(layer)
+            # PaddleOCR-VL's merger is HF's projector, stored beside the tower as mlp_AR.*
+            key = ("" if rule.pattern.startswith("mlp_AR") else prefix) + rule.hf_key(layer)
             w = rng.standard_normal(shape, dtype=np.float32)
             if len(shape) >= 2:  # [out, in, ...]: fan_in is everything after the first axis
                 w *= 1 / math.sqrt(math.prod(shape[1:]))
@@ -120,6 +192,7 @@ def write_random_hf_checkpoint(
         write_safetensors(tmp / "model.safetensors", random_hf_tensors(cfg, seed, dtype), {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
         pre = HUB_PREPROCESSOR_QWEN3 if cfg.variant in QWEN3_FAMILY else HUB_PREPROCESSOR
+        pre = {PADDLEOCR_VL: HUB_PREPROCESSOR_PADDLEOCR, GLM4V: HUB_PREPROCESSOR_GLM4V}.get(cfg.variant, pre)
         (tmp / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         os.rename(tmp, path)
@@ -355,7 +428,8 @@ def run_demo(
     grids = []  # patch grid (h, w) of each image: its preprocessed size / patch_size
     p = enc.preprocess
     for (name, im), emb in zip(images.items(), embs):
-        hh, ww = smart_resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        resize = {PADDLEOCR_VL: paddleocr_smart_resize, GLM4V: glm4v_smart_resize}.get(enc.cfg.variant, smart_resize)
+        hh, ww = resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
         grids.append((hh // p.patch_size, ww // p.patch_size))
         log(
             f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "

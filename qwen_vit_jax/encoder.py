@@ -36,9 +36,16 @@ from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.attention import Numerics, numerics_for
 from qwen_vit_jax.batching import pack
-from qwen_vit_jax.config import VisionConfig, dtype_named
+from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, VisionConfig, dtype_named
 from qwen_vit_jax.model import abstract_model, as_bits, fill_state
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images
+from qwen_vit_jax.preprocess import (
+    GLM4V_PREPROCESS,
+    PADDLEOCR_PREPROCESS,
+    PreprocessConfig,
+    preprocess_glm4v_images,
+    preprocess_images,
+    preprocess_paddleocr_images,
+)
 
 
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
@@ -125,7 +132,8 @@ class VisionEncoder:
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device, attention)
         self.policy = policy or planlib.BucketPolicy()
-        self.preprocess = preprocess or PreprocessConfig()
+        defaults = {PADDLEOCR_VL: PADDLEOCR_PREPROCESS, GLM4V: GLM4V_PREPROCESS}.get(cfg.variant, PreprocessConfig())
+        self.preprocess = preprocess or defaults
         self.video_preprocess = video_preprocess or video_config_for(None, cfg)
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
@@ -233,7 +241,10 @@ class VisionEncoder:
         """
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
-        return self._encode_many([preprocess_images([im], config=self.preprocess) for im in images])
+        prep = {PADDLEOCR_VL: preprocess_paddleocr_images, GLM4V: preprocess_glm4v_images}.get(
+            self.cfg.variant, preprocess_images
+        )
+        return self._encode_many([prep([im], config=self.preprocess) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
         """One video, decoded and sampled by `preprocess_video` with `video_preprocess` (the checkpoint's
@@ -295,6 +306,8 @@ class VisionEncoder:
             raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {rows}")
         if check_finite:
             check_finite_rows(px, grid_thw)
+        if cfg.raster_rows:  # PaddleOCR-VL: raster rows per frame -> merge units, on the host (exact)
+            px = px[planlib.raster_to_merge_order(np.asarray(grid_thw, np.int64), cfg.spatial_merge_size)]
         return px
 
     def _plans(self, grid_thw) -> list[planlib.Plan]:

@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN3_5, QWEN3_FAMILY, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -102,24 +102,145 @@ TEXT_CONFIG_QWEN3_5 = dict(
     linear_key_head_dim=8,
     linear_value_head_dim=8,
 )
-_ARCHITECTURES = {
-    QWEN2_5_VL: ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
-    QWEN3_VL: ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
-    QWEN3_5: ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+# The MoE text models: the smallest expert layout HF accepts.
+_MOE_FIELDS = dict(moe_intermediate_size=16, num_experts=2, num_experts_per_tok=1)
+# Qwen4-Exp's text model: one linear-attention layer (its indexed-attention layers need the QSA
+# indexer's sizes) with a small shared expert.
+TEXT_CONFIG_QWEN4_EXP = dict(
+    TEXT_CONFIG_QWEN3_5, **_MOE_FIELDS, layer_types=["linear_attention"], shared_expert_intermediate_size=16
+)
+# The Omni thinkers' audio encoder (the vision tower ignores it, but a thinker always builds one).
+AUDIO_CONFIG = dict(
+    num_mel_bins=8,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    encoder_ffn_dim=16,
+    d_model=8,
+    output_dim=32,
+    downsample_hidden_size=8,
+)
+# family -> (HF module, full model class, its config class, vision config class, vision tower class)
+_HF_CLASSES = {
+    "qwen2_vl": (
+        "qwen2_vl",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2VLConfig",
+        "Qwen2VLVisionConfig",
+        "Qwen2VisionTransformerPretrainedModel",
+    ),
+    "qwen2_5_vl": (
+        "qwen2_5_vl",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2_5_VLConfig",
+        "Qwen2_5_VLVisionConfig",
+        "Qwen2_5_VisionTransformerPretrainedModel",
+    ),
+    "qwen3_vl": (
+        "qwen3_vl",
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLConfig",
+        "Qwen3VLVisionConfig",
+        "Qwen3VLVisionModel",
+    ),
+    "qwen3_5": (
+        "qwen3_5",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5Config",
+        "Qwen3_5VisionConfig",
+        "Qwen3_5VisionModel",
+    ),
+    "qwen3_vl_moe": (
+        "qwen3_vl_moe",
+        "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3VLMoeConfig",
+        "Qwen3VLMoeVisionConfig",
+        "Qwen3VLMoeVisionModel",
+    ),
+    "qwen3_5_moe": (
+        "qwen3_5_moe",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeConfig",
+        "Qwen3_5MoeVisionConfig",
+        "Qwen3_5MoeVisionModel",
+    ),
+    "qwen4_exp": (
+        "qwen4_exp",
+        "Qwen4ExpForConditionalGeneration",
+        "Qwen4ExpConfig",
+        "Qwen4ExpVisionConfig",
+        "Qwen4ExpVisionModel",
+    ),
+    "qwen3_omni_moe": (
+        "qwen3_omni_moe",
+        "Qwen3OmniMoeForConditionalGeneration",
+        "Qwen3OmniMoeConfig",
+        "Qwen3OmniMoeVisionEncoderConfig",
+        "Qwen3OmniMoeVisionEncoder",
+    ),
+    "qwen2_5_omni": (
+        "qwen2_5_omni",
+        "Qwen2_5OmniForConditionalGeneration",
+        "Qwen2_5OmniConfig",
+        "Qwen2_5OmniVisionEncoderConfig",
+        "Qwen2_5OmniVisionEncoder",
+    ),
+    "paddleocr_vl": (
+        "paddleocr_vl",
+        "PaddleOCRVLForConditionalGeneration",
+        "PaddleOCRVLConfig",
+        "PaddleOCRVisionConfig",
+        "PaddleOCRVisionModel",
+    ),
+    "glm4v": ("glm4v", "Glm4vForConditionalGeneration", "Glm4vConfig", "Glm4vVisionConfig", "Glm4vVisionModel"),
+    "glm4v_moe": (
+        "glm4v_moe",
+        "Glm4vMoeForConditionalGeneration",
+        "Glm4vMoeConfig",
+        "Glm4vMoeVisionConfig",
+        "Glm4vMoeVisionModel",
+    ),
 }
-_QWEN2_VL_ARCH = ("qwen2_vl", "Qwen2VLForConditionalGeneration")
+OMNI_FAMILIES = ("qwen3_omni_moe", "qwen2_5_omni")  # the tower sits in the thinker
+# GLM's text models: rotary over half the head (mrope_section sums to head_dim / 4).
+TEXT_CONFIG_GLM4V = dict(
+    TEXT_CONFIG_QWEN3,
+    rope_parameters={
+        "rope_type": "default",
+        "mrope_section": [1, 1, 2],
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+    },
+)
+_GLM_MOE_FIELDS = dict(
+    moe_intermediate_size=16, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1, first_k_dense_replace=1
+)
 
 
 def text_config(cfg: VisionConfig) -> dict:
-    """The tiny text model that goes with a vision tower of `cfg`'s variant."""
-    return {QWEN3_VL: TEXT_CONFIG_QWEN3, QWEN3_5: TEXT_CONFIG_QWEN3_5}.get(cfg.variant, TEXT_CONFIG)
+    """The tiny text model that goes with a vision tower of `cfg`'s family."""
+    return {
+        "qwen3_vl": TEXT_CONFIG_QWEN3,
+        "qwen3_5": TEXT_CONFIG_QWEN3_5,
+        "qwen3_vl_moe": dict(TEXT_CONFIG_QWEN3, **_MOE_FIELDS),
+        "qwen3_5_moe": dict(TEXT_CONFIG_QWEN3_5, **_MOE_FIELDS),
+        "qwen4_exp": TEXT_CONFIG_QWEN4_EXP,
+        "qwen3_omni_moe": dict(TEXT_CONFIG_QWEN3, **_MOE_FIELDS),
+        # PaddleOCR-VL's merger (HF's projector) outputs the text model's width
+        "paddleocr_vl": dict(TEXT_CONFIG_QWEN3, hidden_size=cfg.out_dim),
+        "glm4v": TEXT_CONFIG_GLM4V,
+        "glm4v_moe": dict(TEXT_CONFIG_GLM4V, **_GLM_MOE_FIELDS),
+    }.get(cfg.hf_family, TEXT_CONFIG)
+
+
+def _vision_model_type(cfg: VisionConfig) -> str:
+    """HF's vision model_type of `cfg`'s family ("qwen3_vl_vision", "qwen3_omni_moe_vision_encoder")."""
+    return f"{cfg.hf_family}_vision" + ("_encoder" if cfg.hf_family in OMNI_FAMILIES else "")
 
 
 def hf_vision_config(cfg: VisionConfig) -> dict:
-    """`cfg` as the `vision_config` dict of its HF variant (the naming trap: config.py)."""
-    top, _ = _ARCHITECTURES.get(cfg.variant, _QWEN2_VL_ARCH)
+    """`cfg` as the `vision_config` dict of its HF family (the naming trap: config.py)."""
     common = {
-        "model_type": f"{top}_vision",
+        "model_type": _vision_model_type(cfg),
         "depth": cfg.depth,
         "num_heads": cfg.num_heads,
         "hidden_act": cfg.hidden_act,
@@ -129,6 +250,31 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
         "spatial_merge_size": cfg.spatial_merge_size,
         "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "axial"},
     }
+    if cfg.variant == PADDLEOCR_VL:  # SigLIP names; the table's side from image_size / patch_size
+        return {
+            "model_type": common["model_type"],
+            "hidden_size": cfg.width,
+            "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.depth,
+            "num_attention_heads": cfg.num_heads,
+            "num_channels": cfg.in_channels,
+            "image_size": cfg.pos_embed_side * cfg.patch_size,
+            "patch_size": cfg.patch_size,
+            "hidden_act": cfg.hidden_act,
+            "layer_norm_eps": cfg.norm_eps,
+            "spatial_merge_size": cfg.spatial_merge_size,
+            "rope_parameters": common["rope_parameters"],
+        }
+    if cfg.variant == GLM4V:  # HF's out_hidden_size is the block MLP width too; intermediate_size the merger's
+        return dict(
+            common,
+            hidden_size=cfg.width,
+            out_hidden_size=cfg.out_dim,
+            intermediate_size=cfg.merger_intermediate_size,
+            image_size=cfg.pos_embed_side * cfg.patch_size,
+            rms_norm_eps=cfg.norm_eps,
+            attention_bias=cfg.qkv_bias,
+        )
     if cfg.variant in QWEN3_FAMILY:
         vision = dict(
             common,
@@ -158,14 +304,31 @@ def hf_vision_config(cfg: VisionConfig) -> dict:
 
 
 def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
-    """The transformers 5.x `config.json` of a full VL model whose vision tower is `cfg` (with
-    `text_config(cfg)` as its text model)."""
-    top, arch = _ARCHITECTURES.get(cfg.variant, _QWEN2_VL_ARCH)
+    """The transformers 5.x `config.json` of a full model of `cfg`'s family whose vision tower is `cfg`
+    (with `text_config(cfg)` as its text model; the Omni models nest both in `thinker_config`, with
+    a tiny audio encoder and no talker)."""
+    module, arch, *_ = _HF_CLASSES[cfg.hf_family]
+    text = dict(text_config(cfg), model_type=f"{module}_text")
+    if cfg.hf_family in OMNI_FAMILIES:
+        del text["model_type"]  # the thinker's own text config class reads it
+        thinker = {
+            "model_type": f"{module}_thinker",
+            "text_config": text,
+            "vision_config": hf_vision_config(cfg),
+            "audio_config": AUDIO_CONFIG,
+        }
+        return {
+            "architectures": [arch],
+            "model_type": module,
+            "dtype": dtype,
+            "thinker_config": thinker,
+            "enable_audio_output": False,
+        }
     return {
         "architectures": [arch],
-        "model_type": top,
+        "model_type": module,
         "dtype": dtype,
-        "text_config": dict(text_config(cfg), model_type=f"{top}_text"),
+        "text_config": text,
         "vision_config": hf_vision_config(cfg),
         "image_token_id": 151655,
         "video_token_id": 151656,
@@ -175,33 +338,22 @@ def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
 
 
 # ---- HF models (torch) ------------------------------------------------------------------------------
-def _hf_classes(variant: str):
-    """(full VL config class, vision config class, vision tower class, full model class) of a variant."""
-    if variant == QWEN3_VL:
-        from transformers.models.qwen3_vl import modeling_qwen3_vl as hf
+def _hf_classes(family: str):
+    """(full config class, vision config class, vision tower class, full model class) of a family."""
+    import importlib
 
-        return hf.Qwen3VLConfig, hf.Qwen3VLVisionConfig, hf.Qwen3VLVisionModel, hf.Qwen3VLForConditionalGeneration
-    if variant == QWEN3_5:
-        from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+    module, arch, config_cls, vision_cfg_cls, tower_cls = _HF_CLASSES[family]
+    hf = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    conf = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
+    return getattr(conf, config_cls), getattr(conf, vision_cfg_cls), getattr(hf, tower_cls), getattr(hf, arch)
 
-        return hf.Qwen3_5Config, hf.Qwen3_5VisionConfig, hf.Qwen3_5VisionModel, hf.Qwen3_5ForConditionalGeneration
-    if variant == QWEN2_5_VL:
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
 
-        return (
-            hf.Qwen2_5_VLConfig,
-            hf.Qwen2_5_VLVisionConfig,
-            hf.Qwen2_5_VisionTransformerPretrainedModel,
-            hf.Qwen2_5_VLForConditionalGeneration,
-        )
-    from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
-
-    return (
-        hf.Qwen2VLConfig,
-        hf.Qwen2VLVisionConfig,
-        hf.Qwen2VisionTransformerPretrainedModel,
-        hf.Qwen2VLForConditionalGeneration,
-    )
+def hf_tower(model):
+    """The vision tower (`visual`) of a full HF model (an Omni model's: in its thinker), or `model`
+    itself when it is a tower."""
+    if hasattr(model, "thinker"):
+        model = model.thinker
+    return model.model.visual if hasattr(model, "model") else model
 
 
 def reinit_(module, seed: int) -> None:
@@ -229,26 +381,49 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
     the real checkpoint layout."""
     import torch
 
-    full_cls, _, _, model_cls = _hf_classes(cfg.variant)
-    hf_cfg = full_cls(text_config=dict(text_config(cfg)), vision_config=hf_vision_config(cfg))
+    full_cls, _, _, model_cls = _hf_classes(cfg.hf_family)
+    if cfg.hf_family in OMNI_FAMILIES:
+        hf_cfg = full_cls(thinker_config=hf_config(cfg)["thinker_config"], enable_audio_output=False)
+    else:
+        hf_cfg = full_cls(text_config=dict(text_config(cfg)), vision_config=hf_vision_config(cfg))
     torch.manual_seed(seed)
     model = model_cls(hf_cfg).eval()
-    reinit_(model.model.visual, seed)
+    reinit_(hf_tower(model), seed)
+    if cfg.variant == PADDLEOCR_VL:  # our merger is HF's projector, beside the tower
+        reinit_(model.model.projector, seed + 1)
     return model
 
 
 def hf_visual(model, pixel_values, grid_thw) -> np.ndarray:
     """`visual(pixel_values, grid_thw=...)` of a full HF model or of a vision tower: the merged
-    tokens (`pooler_output`), float32 numpy [T, out_dim]."""
+    tokens (`pooler_output`), float32 numpy [T, out_dim]. GLM's tower is fed per-frame grids (each
+    [t, h, w] row as t rows [1, h, w]), as its get_video_features does: its position code indexes
+    grid rows by frame."""
     import torch
 
-    visual = model.model.visual if hasattr(model, "model") else model
+    visual = hf_tower(model)
+    grid = np.asarray(grid_thw, np.int64)
+    if visual.config.model_type.startswith("glm4v"):
+        grid = np.repeat(np.concatenate([np.ones_like(grid[:, :1]), grid[:, 1:]], 1), grid[:, 0], axis=0)  # [F, 3]
     with torch.no_grad():
-        out = visual(
-            torch.from_numpy(np.asarray(pixel_values, np.float32)),
-            grid_thw=torch.from_numpy(np.asarray(grid_thw, np.int64)),
-        )
+        out = visual(torch.from_numpy(np.asarray(pixel_values, np.float32)), grid_thw=torch.from_numpy(grid))
     return getattr(out, "pooler_output", out).float().numpy()  # transformers 4.x returns the tensor
+
+
+def hf_image_features(model, pixel_values, grid_thw) -> np.ndarray:
+    """The contract for the whole family: HF's `get_image_features(pixel_values, grid_thw)` of a full
+    model (the Omni ones: of its thinker), i.e. what the language model receives, the per-image
+    pieces concatenated in order; float32 numpy [T, out_dim]."""
+    import torch
+
+    owner = model.thinker if hasattr(model, "thinker") else model
+    px = torch.from_numpy(np.asarray(pixel_values, np.float32))
+    if owner.config.model_type == "paddleocr_vl":  # HF takes [N, C, p, p]; ours are rows [N, C * p * p]
+        v = owner.config.vision_config
+        px = px.reshape(len(px), v.num_channels, v.patch_size, v.patch_size)
+    with torch.no_grad():
+        out = owner.get_image_features(px, torch.from_numpy(np.asarray(grid_thw, np.int64)))
+    return torch.cat(list(out.pooler_output)).float().numpy()
 
 
 def load_hf_vision_tower(hf_dir: str | pathlib.Path):
@@ -260,9 +435,17 @@ def load_hf_vision_tower(hf_dir: str | pathlib.Path):
     from qwen_vit_jax.convert import locate_tensors, vision_prefix
 
     hf_dir = pathlib.Path(hf_dir)
-    full_cls, vision_cls, tower_cls, _ = _hf_classes(VisionConfig.from_hf(hf_dir).variant)
+    cfg = VisionConfig.from_hf(hf_dir)
+    if cfg.variant == PADDLEOCR_VL:
+        raise ValueError(
+            f"{hf_dir}: PaddleOCR-VL's merger is HF's projector, outside its vision tower: HF's tower "
+            "alone is not what encode returns (compare with hf_image_features of the full model)"
+        )
+    full_cls, vision_cls, tower_cls, _ = _hf_classes(cfg.hf_family)
     raw = json.loads((hf_dir / "config.json").read_text())
-    if "vision_config" in raw:  # a full VL config, hub (4.4x) or 5.x layout: HF's own class reads both
+    if "thinker_config" in raw:  # an Omni model: the tower's config sits in the thinker's
+        config = full_cls.from_pretrained(hf_dir).thinker_config.vision_config
+    elif "vision_config" in raw:  # a full VL config, hub (4.4x) or 5.x layout: HF's own class reads both
         config = full_cls.from_pretrained(hf_dir).vision_config
     else:
         config = vision_cls.from_dict(raw)

@@ -1,7 +1,7 @@
-"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 vision tower in Flax NNX, top to bottom.
+"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / PaddleOCR-VL vision tower in Flax NNX, top to bottom.
 
-  pixels [N, patch_dim] -> PatchEmbed (+ position table) -> depth x Block (window or full
-  attention; deepstack taps) -> PatchMerger -> [N / 4, out_dim]
+  pixels [N, patch_dim] -> PatchEmbed (+ norm) (+ position table) -> depth x Block (window or
+  full attention; deepstack taps) -> (post norm) -> PatchMerger or GlmMerger -> [N / 4, out_dim]
 
 All variants live here and differ only by config: Qwen2-VL uses LayerNorm and an
 fc1 -> act -> fc2 MLP with full attention everywhere; Qwen2.5-VL uses RMSNorm, a SwiGLU
@@ -10,7 +10,12 @@ layout with a patch-embedding bias, a learned square position table resampled to
 (indices and weights from the plan, added once before block 0) and the tanh GELU; Qwen3-VL
 also has deepstack mergers: after each block in `deepstack_layers`, a merger (shuffle first,
 then LayerNorm over the 4 * width merged row) turns that block's output into tokens
-(docs/qwen3.md).
+(docs/qwen3.md). GLM-4.1V / 4.5V is Qwen2.5-VL's block layout (RMSNorm, SwiGLU) with full attention,
+an RMSNorm after the patch embedding, a bicubic (16-tap) table, a post-norm and its own merger
+(GlmMerger). PaddleOCR-VL is Qwen3.5's layout with 2-D patches (temporal patch 1), the table
+resampled with align_corners=False, a LayerNorm after the last block and HF's projector as the
+merger (docs/family.md); its pixel rows arrive in raster order and are put in merge units on the
+host before they get here (`plan.raster_to_merge_order`).
 
 Rows stay in the original pixel_values order throughout: frames are contiguous and each
 run of merge_unit (4) rows is one merge unit, so full attention, the merger and the output
@@ -91,11 +96,13 @@ class Linear(nnx.Module):
 
 
 class Norm(nnx.Module):
-    """RMSNorm (Qwen2.5-VL, scale only) or LayerNorm (the others, scale + bias), in float32."""
+    """RMSNorm (Qwen2.5-VL, GLM; scale only) or LayerNorm (the others, scale + bias), in float32.
+    eps: cfg.norm_eps unless given (PaddleOCR-VL's merger norm has its own); rms: cfg.norm's kind
+    unless given (GLM's merger has a LayerNorm in an RMSNorm tower)."""
 
-    def __init__(self, dim: int, cfg: VisionConfig):
-        self.rms = cfg.norm == "rmsnorm"
-        self.eps = cfg.norm_eps
+    def __init__(self, dim: int, cfg: VisionConfig, eps: float | None = None, rms: bool | None = None):
+        self.rms = cfg.norm == "rmsnorm" if rms is None else rms
+        self.eps = cfg.norm_eps if eps is None else eps
         self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
         self.bias = None if self.rms else nnx.Param(jnp.zeros((dim,), jnp.float32))
 
@@ -140,10 +147,11 @@ class PosEmbed(nnx.Module):
         self.table = nnx.Param(_normal(rngs, (cfg.num_position_embeddings, cfg.width), 0.02))
 
     def __call__(self, index: jax.Array, weight: jax.Array) -> jax.Array:
-        """index: int32 [N, 4]; weight: float32 [N, 4] -> [N, D] float32."""
+        """index: int32 [N, A]; weight: float32 [N, A] -> [N, D] float32. A = 4 taps (bilinear) or
+        16 (GLM's bicubic), static: the plan's shape."""
         table = self.table[...].astype(jnp.float32)  # [side * side, D]
         pos = table[index[:, 0]] * weight[:, 0:1]  # [N, D]
-        for k in range(1, 4):
+        for k in range(1, index.shape[1]):
             pos = pos + table[index[:, k]] * weight[:, k : k + 1]
         return pos
 
@@ -152,8 +160,8 @@ class Attention(nnx.Module):
     def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
         self.num = num
         self.num_heads = cfg.num_heads
-        self.qkv = Linear(cfg.width, 3 * cfg.width, num, rngs=rngs)
-        self.proj = Linear(cfg.width, cfg.width, num, rngs=rngs)
+        self.qkv = Linear(cfg.width, 3 * cfg.width, num, bias=cfg.qkv_bias, rngs=rngs)
+        self.proj = Linear(cfg.width, cfg.width, num, bias=cfg.block_bias, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, plan: Plan, *, full: bool) -> jax.Array:
         """x: [N, D]; full: True for per-frame (full) attention, False for window attention."""
@@ -178,14 +186,26 @@ class MLP(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-    """Qwen2.5-VL: down(act(gate(x)) * up(x)), all with biases."""
+    """Qwen2.5-VL / GLM: down(act(gate(x)) * up(x)); with biases except GLM's.
+    width / hidden: the input and inner widths (default cfg.width / cfg.intermediate_size)."""
 
-    def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: VisionConfig,
+        num: Numerics,
+        *,
+        width: int | None = None,
+        hidden: int | None = None,
+        bias: bool | None = None,
+        rngs: nnx.Rngs,
+    ):
+        # The blocks' MLP (no explicit hidden): its width zero-padded on TPU (Numerics.mlp_multiple).
+        width, hidden = width or cfg.width, hidden or num.mlp_width(cfg.intermediate_size)
+        bias = cfg.block_bias if bias is None else bias
         self.act = activation(cfg.hidden_act)
-        hidden = num.mlp_width(cfg.intermediate_size)  # zero-padded on TPU (Numerics.mlp_multiple)
-        self.gate = Linear(cfg.width, hidden, num, rngs=rngs)
-        self.up = Linear(cfg.width, hidden, num, rngs=rngs)
-        self.down = Linear(hidden, cfg.width, num, rngs=rngs)
+        self.gate = Linear(width, hidden, num, bias=bias, rngs=rngs)
+        self.up = Linear(width, hidden, num, bias=bias, rngs=rngs)
+        self.down = Linear(hidden, width, num, bias=bias, rngs=rngs)
 
     def __call__(self, x):
         return self.down(self.act(self.gate(x)) * self.up(x))
@@ -215,7 +235,7 @@ class PatchMerger(nnx.Module):
         self.merge_unit = cfg.merge_unit
         self.postshuffle = postshuffle
         hidden = cfg.width * cfg.merge_unit
-        self.norm = Norm(hidden if postshuffle else cfg.width, cfg)
+        self.norm = Norm(hidden if postshuffle else cfg.width, cfg, cfg.merger_norm_eps)
         self.fc1 = Linear(hidden, hidden, num, rngs=rngs)
         self.fc2 = Linear(hidden, cfg.out_dim, num, rngs=rngs)
 
@@ -232,6 +252,29 @@ class PatchMerger(nnx.Module):
         return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))[: n // self.merge_unit]  # [N/4, out_dim]
 
 
+class GlmMerger(nnx.Module):
+    """GLM-4.1V / 4.5V's merger: each merge unit's 4 rows through a 2 x 2 conv with stride 2 (a
+    matmul of the concatenated [4D] row, kernel rows ordered (row in unit, width): HF's
+    view(-1, 2, 2, D) -> Conv2d), then proj (no bias) -> LayerNorm (eps 1e-5, with bias) -> exact
+    GELU -> SwiGLU of width cfg.merger_intermediate_size (no biases, cfg.hidden_act)."""
+
+    def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
+        self.merge_unit = cfg.merge_unit
+        self.downsample = Linear(cfg.merge_unit * cfg.width, cfg.out_dim, num, rngs=rngs)
+        self.proj = Linear(cfg.out_dim, cfg.out_dim, num, bias=False, rngs=rngs)
+        self.norm = Norm(cfg.out_dim, cfg, eps=1e-5, rms=False)
+        self.mlp = SwiGLU(cfg, num, width=cfg.out_dim, hidden=cfg.merger_intermediate_size, bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        n, d = x.shape
+        x = x.reshape(n // self.merge_unit, self.merge_unit * d)  # [N, D] -> [N/4, 4D]
+        rows = max(n // self.merge_unit, MIN_DOT_ROWS)  # as PatchMerger: bucket-independent dots
+        x = jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))  # [rows, 4D]
+        x = self.proj(self.downsample(x))  # [rows, out_dim]
+        x = jax.nn.gelu(self.norm(x), approximate=False)
+        return self.mlp(x)[: n // self.merge_unit]  # [N/4, out_dim]
+
+
 # ---- the tower ---------------------------------------------------------------------------
 
 
@@ -245,6 +288,7 @@ class VisionTransformer(nnx.Module):
     def __init__(self, cfg: VisionConfig, num: Numerics = Numerics(), *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg, num, rngs=rngs)
+        self.patch_norm = Norm(cfg.width, cfg) if cfg.patch_norm else None  # GLM's post_conv_layernorm
         self.pos_embed = PosEmbed(cfg, rngs=rngs) if cfg.num_position_embeddings else None
 
         @nnx.split_rngs(splits=cfg.depth)
@@ -253,7 +297,8 @@ class VisionTransformer(nnx.Module):
             return Block(cfg, num, rngs=rngs)
 
         self.blocks = make_blocks(rngs)
-        self.merger = PatchMerger(cfg, num, rngs=rngs)
+        self.post_norm = Norm(cfg.width, cfg) if cfg.post_norm else None  # PaddleOCR-VL's post_layernorm
+        self.merger = (GlmMerger if cfg.merger == "glm" else PatchMerger)(cfg, num, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.num_deepstack)
         @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -292,6 +337,8 @@ class VisionTransformer(nnx.Module):
         cfg = self.cfg
         plan = jax.tree.map(jnp.asarray, plan)  # a closed-over host plan becomes constants
         x = self.patch_embed(pixels)  # [N, D] float32
+        if self.patch_norm is not None:  # GLM: before the position table is added
+            x = self.patch_norm(x)
         if self.pos_embed is not None:  # added once, before the rotary and block 0 (as HF)
             x = x + self.pos_embed(plan.pos_embed_index, plan.pos_embed_weight)  # [N, D]
         cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # [N, Dh] each
@@ -345,6 +392,8 @@ class VisionTransformer(nnx.Module):
             x, states = jax.lax.scan(group, x, jnp.arange(groups))  # [N, D], [groups, period, N, D]
             if hidden_states:
                 states = states.reshape(cfg.depth, *x.shape)  # [groups, period, N, D] -> [depth, N, D]
+        if self.post_norm is not None:  # after the hidden states are recorded, as HF's encoder output
+            x = self.post_norm(x)
         out = self.merger(x)  # [N / merge_unit, out_dim]
         extras = []
         if hidden_states:

@@ -377,3 +377,135 @@ def preprocess_images(
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
     pixel_values = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
     return pixel_values, np.asarray(grids, dtype=np.int64)
+
+
+# ---- PaddleOCR-VL ------------------------------------------------------------------------------------
+# HF's PaddleOCRVLImageProcessorPil class defaults: pixel budget 384^2 .. 1536^2, patch 14, no temporal
+# patch, merge 2, CLIP mean / std (a checkpoint's preprocessor_config.json overrides them).
+PADDLEOCR_PREPROCESS = PreprocessConfig(min_pixels=384 * 384, max_pixels=1536 * 1536, temporal_patch_size=1)
+
+
+def paddleocr_smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 384 * 384, max_pixels: int = 1536 * 1536
+) -> tuple[int, int]:
+    """PaddleOCR-VL's target (height, width): `smart_resize` after first stretching a side shorter
+    than `factor` to `factor` (the other side scaled with it, rounded half-to-even as HF's `round`).
+    HF's own order of steps, so the same sizes."""
+    for name, v in (("height", height), ("width", width), ("factor", factor)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"paddleocr_smart_resize: {name} must be a positive int, got {v!r}")
+    if height < factor:
+        width, height = round(width * factor / height), factor
+    if width < factor:
+        height, width = round(height * factor / width), factor
+    return smart_resize(int(height), int(width), factor, min_pixels, max_pixels)
+
+
+def _patchify_raster(a: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[H, W, 3] uint8 -> float32 [H/p * W/p, 3 * T * p * p], rows in raster order (PaddleOCR-VL's
+    processor: no merge-unit grouping), each row (C, T, ph, pw) with the image repeated over T."""
+    H, W, C = a.shape
+    p, T = cfg.patch_size, cfg.temporal_patch_size
+    x = a.reshape(H // p, p, W // p, p, C).transpose(0, 2, 4, 1, 3)  # [gh, p, gw, p, C] -> [gh, gw, C, p, p]
+    x = np.ascontiguousarray(x).reshape(-1, C, 1, p, p)  # [N, C, 1, p, p]
+    out = np.empty((len(x), C, T, p, p), np.float32)
+    for i in range(0, len(x), _CHUNK):  # the image is broadcast over T on the write
+        out[i : i + _CHUNK] = _rescale_normalize(x[i : i + _CHUNK], cfg)
+    return out.reshape(len(x), C * T * p * p)
+
+
+def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images -> PaddleOCR-VL's tower input, as HF's PaddleOCRVLImageProcessorPil (bit for bit).
+
+    Args:
+      images: one image or a list of them (PIL images or channels-last uint8 arrays), any sizes.
+      config: PreprocessConfig (default PADDLEOCR_PREPROCESS, HF's class defaults).
+    Returns:
+      pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p] (HF's [N, 3, 14, 14] flattened per row),
+        rows in raster order per image, images concatenated in order.
+      grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
+    """
+    cfg = PADDLEOCR_PREPROCESS if config is None else config
+    if not isinstance(cfg, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
+    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
+        images = [images]
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    rows, grids = [], []
+    for i, image in enumerate(images):
+        a = _to_hwc3(image, cfg, f"image {i}")
+        size = paddleocr_smart_resize(a.shape[0], a.shape[1], cfg.factor, cfg.min_pixels, cfg.max_pixels)
+        a = _resize(a, cfg, size if cfg.do_resize else None)
+        rows.append(_patchify_raster(a, cfg))
+        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
+    return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
+
+
+# ---- GLM-4.1V / 4.5V ---------------------------------------------------------------------------------
+# HF's Glm4vImageProcessorPil class defaults: pixel budget 112^2 .. 28^2 * 15000 (counted over the
+# temporal patch's 2 frames), patch 14, temporal patch 2, merge 2, CLIP mean / std.
+GLM4V_PREPROCESS = PreprocessConfig(min_pixels=112 * 112, max_pixels=28 * 28 * 15000)
+
+
+def glm4v_smart_resize(
+    height: int,
+    width: int,
+    factor: int = 28,
+    min_pixels: int = 112 * 112,
+    max_pixels: int = 28 * 28 * 15000,
+    temporal_factor: int = 2,
+) -> tuple[int, int]:
+    """GLM-4.1V's target (height, width) for an image (its `num_frames` = the temporal patch):
+    a side under `factor` first scales both sides up (truncated to ints), and the pixel budget
+    counts t_bar = temporal_factor frames. HF's own arithmetic, in HF's order, so the same sizes."""
+    for name, v in (("height", height), ("width", width), ("factor", factor)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"glm4v_smart_resize: {name} must be a positive int, got {v!r}")
+    t = temporal_factor
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if (ratio := max(height, width) / min(height, width)) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio} ({height}x{width})")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    t_bar = round(t / temporal_factor) * temporal_factor
+    if t_bar * h * w > max_pixels:
+        beta = math.sqrt(t * height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (t * height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return int(h), int(w)
+
+
+def preprocess_glm4v_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images -> GLM-4.1V / 4.5V's tower input, as HF's Glm4vImageProcessorPil (bit for bit): Qwen's
+    rows (merge units, each image repeated over the temporal patch), GLM's resize rule.
+
+    Args:
+      images: one image or a list of them (PIL images or channels-last uint8 arrays), any sizes.
+      config: PreprocessConfig (default GLM4V_PREPROCESS, HF's class defaults).
+    Returns:
+      pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p], images concatenated in order.
+      grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
+    """
+    cfg = GLM4V_PREPROCESS if config is None else config
+    if not isinstance(cfg, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
+    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
+        images = [images]
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    rows, grids = [], []
+    for i, image in enumerate(images):
+        a = _to_hwc3(image, cfg, f"image {i}")
+        h, w = a.shape[:2]
+        size = glm4v_smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.temporal_patch_size)
+        a = _resize(a, cfg, size if cfg.do_resize else None)
+        rows.append(_patchify(a[None, None], cfg))
+        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
+    return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)

@@ -50,7 +50,7 @@ def converted(visual: torch.nn.Module, cfg: VisionConfig) -> dict[str, np.ndarra
     params = {}
     for key, tensor in visual.state_dict().items():
         w = tensor.detach().float().numpy()
-        rules = [(r, m) for r in RULES if cfg.variant in r.variants and (m := re.fullmatch(r.pattern, key))]
+        rules = [(r, m) for r in RULES if r.applies(cfg) and (m := re.fullmatch(r.pattern, key))]
         assert len(rules) == 1, f"{key}: {len(rules)} rules"
         rule, match = rules[0]
         if rule.per_block:

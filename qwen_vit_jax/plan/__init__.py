@@ -22,7 +22,7 @@ frames, with the key window of their frames' rows), window attention gathers row
 windows packed by best-fit decreasing, told apart by window id) and scatters them back.
 """
 
-from .assembly import BufferPool, clear_caches, make_plan, make_plans
+from .assembly import BufferPool, clear_caches, make_plan, make_plans, raster_to_merge_order
 from .buckets import (
     Bucket,
     BucketPolicy,
@@ -53,6 +53,7 @@ __all__ = [
     "frame_cu_seqlens",
     "make_plan",
     "make_plans",
+    "raster_to_merge_order",
     "rotary_ids",
     "segment_lengths",
     "split_grid",

@@ -164,6 +164,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
             tiles=n_tiles,
             window_rows=s,
             pos_embed_rows=pe_rows,
+            pos_embed_taps=pe_index.shape[1],
         ),
         pos_ids=buf[:pos_end].reshape(n_pad, 2),
         segment_ids=buf[pos_end:seg_end],
@@ -179,6 +180,20 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
         pos_embed_weight=pe_weight,
         grid_thw=_read_only(g),
     )
+
+
+def raster_to_merge_order(grid: np.ndarray, m: int) -> np.ndarray:
+    """For rows that arrive in raster order per frame (PaddleOCR-VL): the raster row each row of the
+    merge-unit order takes. int64 [sum t*h*w]; frame by frame, merge units of m x m patches in raster
+    order, patches inside a unit in raster order (the order of every plan, and of HF's projector,
+    which reshapes [t, h/m, m, w/m, m, D] -> [t, h/m, w/m, m, m, D])."""
+    out, start = [], 0
+    for t, h, w in np.asarray(grid, np.int64).tolist():
+        raster = np.arange(h * w).reshape(h // m, m, w // m, m)  # [h/m, m, w/m, m]
+        frame = raster.transpose(0, 2, 1, 3).reshape(-1)  # [h/m, w/m, m, m] -> [h * w]
+        out.extend(start + f * h * w + frame for f in range(t))
+        start += t * h * w
+    return np.concatenate(out)
 
 
 def _span(offset: int, n: int, total: int) -> np.ndarray:

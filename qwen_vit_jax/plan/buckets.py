@@ -32,6 +32,7 @@ class Bucket:
     tiles: int  # T: full-attention tiles, patches // block (one per query block) + extra tiles
     window_rows: int = 0  # S: rows per window slot (cfg.window_patches; 0 without a window size)
     pos_embed_rows: int = 0  # rows of the position-table plan: `patches` with a learned table (Qwen3), else 0
+    pos_embed_taps: int = 4  # table rows per patch in that plan: 4 (bilinear) or 16 (bicubic: GLM)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,11 +54,11 @@ class Plan:
     tile_last_frame: np.ndarray  # int32 [T] last frame of the run (-1: empty tile)
     tile_key_start: np.ndarray  # int32 [T] first row of the tile's key window (0 .. N_pad - K)
     span: np.ndarray  # int32 [3]: this chunk's first row in the request, its real rows N, the request's rows
-    # The learned position table's bilinear resampling (Qwen3-VL / Qwen3.5, posembed.py): per row 4
-    # table rows and their weights; padding rows index 0, weight 0. P = bucket.pos_embed_rows
-    # (N_pad with a table, 0 without: the tree has the same leaves for every config).
-    pos_embed_index: np.ndarray  # int32 [P, 4] rows of the flattened [side * side, D] table
-    pos_embed_weight: np.ndarray  # float32 [P, 4]
+    # The learned position table's resampling (posembed.py): per row A = bucket.pos_embed_taps table
+    # rows (4 bilinear, 16 bicubic) and their weights; padding rows index 0, weight 0. P =
+    # bucket.pos_embed_rows (N_pad with a table, 0 without: the tree has the same leaves for every config).
+    pos_embed_index: np.ndarray  # int32 [P, A] rows of the flattened [side * side, D] table
+    pos_embed_weight: np.ndarray  # float32 [P, A]
     grid_thw: np.ndarray | None = None  # int64 [k, 3] this chunk's grid (host only)
 
     ARRAYS = (
@@ -91,8 +91,8 @@ class Plan:
             tile_last_frame=(t,),
             tile_key_start=(t,),
             span=(3,),
-            pos_embed_index=(bucket.pos_embed_rows, 4),
-            pos_embed_weight=(bucket.pos_embed_rows, 4),
+            pos_embed_index=(bucket.pos_embed_rows, bucket.pos_embed_taps),
+            pos_embed_weight=(bucket.pos_embed_rows, bucket.pos_embed_taps),
         )
         return cls(
             bucket=bucket,

@@ -42,6 +42,8 @@ def validate_grid(grid_thw, cfg: VisionConfig | None = None) -> np.ndarray:
         total += t * h * w
     if total > MAX_PATCHES:
         raise ValueError(f"grid_thw describes {total} patches, more than {MAX_PATCHES}")
+    if cfg is not None and cfg.images_only and any(t != 1 for t, _, _ in rows):
+        raise ValueError(f"{cfg.variant} takes images only: every grid_thw row needs t = 1, got {rows}")
     # Every value is now in (0, 2^30]: the cast is exact for any integer dtype.
     return arr.astype(np.int64, order="C")
 
