@@ -66,7 +66,7 @@ def _layer_scales(layers, depth: int, scale: float) -> np.ndarray:
     if layers is None:
         return np.full(depth, scale, np.float32)
     a = np.asarray(layers)
-    if a.dtype == bool or (a.dtype.kind == "f" and a.shape == (depth,)):
+    if a.dtype == bool or a.dtype.kind == "f":  # a mask or per-layer weights
         if a.shape != (depth,):
             raise ValueError(f"layers: a per-layer mask needs {depth} entries, got shape {a.shape}")
         return (a.astype(np.float32) * scale).astype(np.float32)

@@ -212,6 +212,10 @@ def test_bad_arguments_are_named(case):
         qvj.add_lora(model, 2, layers=[cfg.depth], rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match=f"needs {cfg.depth} entries"):
         qvj.add_lora(model, 2, layers=[True, False], rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=f"needs {cfg.depth} entries"):
+        qvj.add_lora(model, 2, layers=[0.5, 1.0], rngs=nnx.Rngs(0))
+    qvj.add_lora(model, 2, targets=["proj"], layers=np.linspace(0, 1, cfg.depth), alpha=4.0, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(model.blocks.attn.proj.scale[...], 2.0 * np.linspace(0, 1, cfg.depth))
     qvj.add_lora(model, 2, targets=["qkv"], rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="already has a LoRA adapter"):
         qvj.add_lora(model, 2, targets=["qkv"], rngs=nnx.Rngs(0))
