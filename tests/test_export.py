@@ -204,3 +204,15 @@ def test_cli_export_and_failures(checkpoints, tmp_path, capsys, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         qvj.export_hf(model, tmp_path / "x", like=src)
     assert sorted(p.name for p in tmp_path.iterdir()) == listing
+
+
+def test_like_may_be_a_cached_hub_id(checkpoints, tmp_path, monkeypatch):
+    """like="Org/Name": the snapshot in the local HF cache (symlinks to blobs), followed to the files."""
+    from test_sources import make_hub_cache
+
+    _, src = checkpoints["q25", "bfloat16"]
+    make_hub_cache(tmp_path / "hub", src, repo="Org/Export-VL")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = qvj.export_hf(qvj.load_model("Org/Export-VL", dtype="bfloat16"), tmp_path / "out", like="Org/Export-VL")
+    assert_same_files(src, out)
+    assert not any(p.is_symlink() for p in out.iterdir())  # real files (links to the blobs' inodes), not symlinks
