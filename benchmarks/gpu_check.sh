@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # GPU check, one prepared script (< 8 minutes) for a machine with an NVIDIA GPU that has
 # jax[cuda], torch and transformers preinstalled and no network:
-#   1. the parity tests with JAX on the GPU (HF reference on CPU, as the tests build it);
-#   2. bench_forward: ours (JAX default backend = GPU) vs HF sdpa on cuda, bf16 and fp32,
-#      both real-size towers, 256 and 1296 patches.
-# Results (logs, JSON, PNG) go to $OUT if set, else benchmarks/results/gpu.
+#   1. the parity tests with JAX on the GPU (HF reference on CPU, as the tests build it),
+#      the Pallas Triton attention kernel included (tests/test_kernels.py: compiled, not interpreted);
+#   2. bench_device: Qwen2.5-VL-3B, HF sdpa (and flash-attention-2 if it imports) vs ours with the
+#      XLA schedule and with the Triton kernel, bf16 and fp32, on a 36x36 image, a [10, 36, 36]
+#      video and the largest bucket ([16, 32, 32]): compile s, first call, median, peak memory.
+# Results (logs, JSON) go to $OUT if set, else benchmarks/results/gpu.
 #   bash benchmarks/gpu_check.sh
 #   BENCH_ARGS=--quick bash benchmarks/gpu_check.sh     # dry run (tiny configs), works on CPU
 set -uo pipefail
@@ -25,15 +27,14 @@ status=0
 grep -q "^jax .* gpu " "$OUT/env.txt" || echo "WARNING: JAX's default backend is not the GPU: a dry run" | tee -a "$OUT/env.txt"
 
 echo "== parity tests (JAX on the default backend) =="
-timeout 210 python -m pytest tests/test_parity.py tests/test_attention.py -q -p no:cacheprovider 2>&1 \
-  | tee "$OUT/pytest.txt"
+JAX_PLATFORMS= timeout 180 python -m pytest tests/test_parity.py tests/test_attention.py tests/test_kernels.py \
+  -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-echo "== bench_forward: ours vs HF sdpa (up to $((deadline - $(date +%s))) s) =="
+echo "== bench_device: HF vs ours (XLA, Triton kernel) (up to $((deadline - $(date +%s))) s) =="
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout $((deadline - $(date +%s))) python benchmarks/bench_forward.py --device auto \
-  --variants qwen2.5-vl-3b,qwen2-vl-2b --dtypes bfloat16,float32 --repeats 10 --peak-n 8192 \
-  --out "$OUT/forward_gpu.json" --plot "$OUT/forward_gpu.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/forward_gpu.txt"
+timeout $((deadline - $(date +%s))) python benchmarks/bench_device.py --repeats 5 \
+  --out "$OUT/device_gpu.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/device_gpu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "gpu_check: exit $status after $(( $(date +%s) - start )) s; results in $OUT"

@@ -24,6 +24,7 @@ import importlib
 
 _EXPORTS = {
     "PRESETS": "config",
+    "abstract_model": "aot",
     "VisionConfig": "config",
     "convert_checkpoint": "convert",
     "VisionEncoder": "encoder",

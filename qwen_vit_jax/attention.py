@@ -25,6 +25,7 @@ operands; products accumulate in float32 (preferred_element_type).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,8 @@ from jax import lax
 from qwen_vit_jax.config import dtype_named
 from qwen_vit_jax.plan import Plan
 
+# Who runs the attention core (Numerics.attention): XLA, or a platform's Pallas kernel.
+ATTENTION_KERNELS = ("xla", "triton", "splash")
 # A finite "minus infinity": a fully masked row then gives exp(0) * 0 = 0, never NaN.
 NEG_INF = -1e30
 Rotary = tuple[jax.Array, jax.Array]  # (cos, sin) tables, each [N, Dh] float32 (model.rotary_cos_sin)
@@ -50,19 +53,40 @@ class Numerics:
     `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
     (XLA's CPU backend runs those 2-3x faster than batched dots); False batches them (GPUs and
     TPUs want few large kernels). The same arithmetic either way.
+
+    `attention` picks who runs the attention core: "xla" (the schedules in this module: the
+    default, and the reference), "triton" (a Pallas Triton kernel for NVIDIA GPUs,
+    attention_gpu.py) or "splash" (Pallas splash attention for TPUs, attention_tpu.py). The
+    kernels take the same inputs and give the same outputs; `interpret=True` runs them in
+    Pallas' interpreter (any backend, slow: for tests on a CPU).
+
+    `mlp_multiple` rounds the MLP's hidden width up to a multiple of it, with zero weights in the
+    added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
+    take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
+    is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
+    call (801 MiB of temp memory and traffic on the 3B tower: docs/accelerators.md).
     """
 
     dtype: str = "float32"
     native_bf16: bool = True
     tile_loops: bool = False
+    attention: str = "xla"
+    interpret: bool = False
+    mlp_multiple: int = 1
 
     def __post_init__(self):
         dtype_named(self.dtype)  # a ValueError for any other name
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
 
     @property
     def operand_dtype(self):
         """Storage dtype of the weight matrices."""
         return dtype_named(self.dtype)
+
+    def mlp_width(self, intermediate_size: int) -> int:
+        """The MLP hidden width the model stores: intermediate_size rounded up to mlp_multiple."""
+        return -(-intermediate_size // self.mlp_multiple) * self.mlp_multiple
 
     def einsum(self, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
         """einsum with operands rounded to the operand dtype and a float32 result."""
@@ -85,11 +109,47 @@ def has_native_bf16(device: jax.Device) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def numerics_for(dtype: str = "float32", device: jax.Device | None = None) -> Numerics:
+def numerics_for(dtype: str = "float32", device: jax.Device | None = None, attention: str = "xla") -> Numerics:
     """The Numerics for `dtype` on `device` (default jax.devices()[0]): native bf16 dots where the
-    device has them, full attention as 2-D dot loops on CPU."""
+    device has them, full attention as 2-D dot loops on CPU. attention: "xla", or "kernel" for
+    the device's Pallas kernel (Triton on a GPU, splash on a TPU; `platform_numerics`)."""
     device = device or jax.devices()[0]
-    return Numerics(dtype, native_bf16=has_native_bf16(device), tile_loops=device.platform == "cpu")
+    if device.platform != "cpu":
+        return platform_numerics(dtype, device.platform, attention)
+    kernel = _kernel("cpu", attention)  # a kernel on a CPU runs in Pallas' interpreter (tests)
+    native = has_native_bf16(device)
+    return Numerics(dtype, native_bf16=native, tile_loops=True, attention=kernel, interpret=kernel != "xla")
+
+
+def platform_numerics(dtype: str, platform: str, attention: str = "xla") -> Numerics:
+    """The Numerics a `platform` ("cpu" | "gpu" | "tpu"; "cuda" / "rocm" mean "gpu") runs: what
+    `numerics_for` gives on its device, without needing one (ahead-of-time compiles). A CPU's bf16
+    dots are taken as native (as on every CPU with avx512_bf16 or AMX)."""
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
+    kernel = _kernel(platform, attention)
+    cpu = platform == "cpu"
+    return Numerics(
+        dtype,
+        native_bf16=True,
+        tile_loops=cpu,
+        attention=kernel,
+        interpret=cpu and kernel != "xla",
+        mlp_multiple=128 if platform == "tpu" else 1,
+    )
+
+
+def _kernel(platform: str, attention: str) -> str:
+    """attention ("xla" | "kernel" | a kernel's name) resolved for a platform."""
+    kernel = {"gpu": "triton", "tpu": "splash"}.get(platform)
+    if attention == "kernel":
+        if kernel is None:
+            raise ValueError(f"no attention kernel for platform {platform!r}: use attention='xla'")
+        return kernel
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be 'xla', 'kernel' or one of {ATTENTION_KERNELS}, got {attention!r}")
+    return attention
 
 
 def _finite(v: jax.Array) -> jax.Array:
@@ -134,6 +194,8 @@ def window_attention(
     Returns:
       [N, H, Dh] float32. Rows in no window (padding) get an arbitrary finite value.
     """
+    if num.attention != "xla":
+        return _windows_by_kernel(q, k, v, plan, num, rotary)
     window_tokens, window_ids = plan.window_tokens, plan.window_ids
     num_slots, slots = window_tokens.shape
     scale = q.shape[-1] ** -0.5
@@ -199,7 +261,9 @@ def segment_attention(
     n, h, dh = q.shape
     nb = n // plan.bucket.block
     v = _finite(v)
-    if num.tile_loops:
+    if num.attention != "xla":
+        out = _tiles_by_kernel(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
+    elif num.tile_loops:
         out = _tile_loops(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
     else:
         if rotary is not None:
@@ -268,7 +332,64 @@ def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
         acc = acc * alpha[..., None] + num.einsum("htqk,htkd->htqd", p, vh[:, rows])
         return m_new, l, acc
 
-    shape = (h, t_block.shape[0], block)
-    init = (jnp.full(shape, NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.zeros((*shape, dh), jnp.float32))
+    # The carries derive from qt (not jnp.zeros): under shard_map (several devices) they must vary
+    # over the mesh axis like the values the loop adds to them.
+    zeros = jnp.zeros_like(qt, dtype=jnp.float32)  # [H, T, B, Dh]
+    init = (jnp.full_like(zeros[..., 0], NEG_INF), zeros[..., 0], zeros)
     _, l, acc = lax.fori_loop(0, -(-window // block), step, init)  # ceil(K / B) steps
     return acc / jnp.maximum(l, 1e-30)[..., None]  # exactly 0 on rows outside their tile
+
+
+# ---- the platforms' kernels (Numerics.attention): the same problem as one kernel call ----------
+
+
+def _kernel_inputs(q, k, v, num: Numerics, rotary: Rotary | None):
+    """q (rotated, scaled), k (rotated), v (finite) as the kernels take them: [N, H, Dh] in the
+    operand dtype (float32 stays float32; bf16 mode rounds the operands as `Numerics.einsum` does)."""
+    if rotary is not None:
+        q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
+    dtype = jnp.float32 if num.dtype == "float32" else jnp.bfloat16
+    return (x.astype(dtype) for x in (q * q.shape[-1] ** -0.5, k, _finite(v)))
+
+
+def _tile_kernel(num: Numerics):
+    """The platform kernel's `tile_attention` (attention_gpu / attention_tpu: one contract)."""
+    if num.attention == "triton":
+        from qwen_vit_jax.attention_gpu import tile_attention
+    else:
+        from qwen_vit_jax.attention_tpu import tile_attention
+    return functools.partial(tile_attention, interpret=num.interpret)
+
+
+def _windows_by_kernel(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None) -> jax.Array:
+    """window_attention by the platform kernel: each slot is a tile whose key window is itself;
+    the window ids are the segments (an empty entry attends to nothing). -> [N, H, Dh] float32."""
+    from qwen_vit_jax.attention_gpu import NO_KEY
+
+    q, k, v = _kernel_inputs(q, k, v, num, rotary)
+    rows, ids = jnp.maximum(plan.window_tokens, 0), plan.window_ids  # [W, S] each
+    num_slots, slots = rows.shape
+    n, h, dh = q.shape
+    keys, values = (x[rows].reshape(num_slots * slots, h, dh) for x in (k, v))  # [W*S, H, Dh]
+    out = _tile_kernel(num)(
+        q[rows], keys, values, jnp.where(ids >= 0, ids, NO_KEY), ids.reshape(-1), jnp.arange(num_slots) * slots, slots
+    )  # [W, S, H, Dh]
+    return out.reshape(num_slots * slots, h, dh)[plan.window_slot]  # [N, H, Dh]
+
+
+def _tiles_by_kernel(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None) -> jax.Array:
+    """segment_attention's tiles by the platform kernel: a tile's query rows outside its run of
+    frames attend to nothing (exactly 0, as the XLA schedules give). -> [H, T, B, Dh] float32."""
+    from qwen_vit_jax.attention_gpu import NO_KEY
+
+    q, k, v = _kernel_inputs(q, k, v, num, rotary)
+    n, h, dh = q.shape
+    block = plan.bucket.block
+    nb = n // block
+    qt = q.reshape(nb, block, h, dh)[plan.tile_block]  # [T, B, H, Dh]
+    seg = plan.segment_ids.reshape(nb, block)[plan.tile_block]  # [T, B]
+    in_tile = (seg >= plan.tile_first_frame[:, None]) & (seg <= plan.tile_last_frame[:, None])  # [T, B]
+    out = _tile_kernel(num)(
+        qt, k, v, jnp.where(in_tile, seg, NO_KEY), plan.segment_ids, plan.tile_key_start, plan.bucket.key_rows
+    )  # [T, B, H, Dh]
+    return out.transpose(2, 0, 1, 3)  # [H, T, B, Dh]

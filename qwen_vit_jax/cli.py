@@ -463,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "export", add_help=False, help="a tower -> an HF checkpoint like HF_DIR (MODEL_DIR OUT_DIR --like HF_DIR)"
     )
+    sub.add_parser("aot", add_help=False, help="compile for an H100 / H200 / TPU without one: memory, roofline")
 
     p = sub.add_parser(
         "encode",
@@ -607,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
             from qwen_vit_jax.export import main as export_main
 
             return export_main(argv[1:], prog=f"{PROG} export")
+        if argv[:1] == ["aot"]:  # aot.py owns its parser
+            from qwen_vit_jax.aot import main as aot_main
+
+            return aot_main(argv[1:], prog=f"{PROG} aot")
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help(sys.stderr)

@@ -45,21 +45,58 @@ def ideal_flops(cfg: VisionConfig, frame_lengths, window_lengths) -> float:
 def dot_flops(jaxpr) -> float:
     """FLOPs (2 per multiply-add) of every dot_general in a (closed) jaxpr, loop bodies times
     their trip counts (scan `length`; fori_loop with static bounds and lax.map are scans).
-    Nested calls (pjit, checkpoint, custom_jvp / custom_vjp) count once per call. A while loop
-    or a conditional has no static trip count: ValueError (the forward has neither)."""
+    Nested calls (pjit, checkpoint, custom_jvp / custom_vjp) count once per call; a Pallas kernel
+    (the platforms' attention kernels) once per point of its grid, a conditional inside it (a
+    block the kernel may skip) as if taken. A while loop or a conditional outside a kernel has no
+    static trip count: ValueError (the forward has neither)."""
+
+    def flops(eqn):
+        (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lhs_contract)
+
+    def kernel(eqn):
+        return math.prod(eqn.params["grid_mapping"].grid) * _sum_dots(eqn.params["jaxpr"], flops, kernel, True)
+
+    return _sum_dots(jaxpr, flops, kernel)
+
+
+def dot_bytes(jaxpr) -> float:
+    """Bytes the matmuls of a (closed) jaxpr move if each dot_general reads both operands and
+    writes its result once, at their dtypes, loop bodies times their trip counts (as `dot_flops`).
+    An estimate of the program's memory traffic for a roofline: the weights (read once per layer)
+    and the activations every matmul reads and writes; elementwise work that XLA does not fuse
+    into a matmul adds to it. A Pallas kernel counts its operands and results once (its inner dots
+    work on chip)."""
+
+    def moved(eqn):
+        return float(sum(_nbytes(v.aval) for v in (*eqn.invars, *eqn.outvars)))
+
+    return _sum_dots(jaxpr, moved, moved)
+
+
+def _nbytes(aval) -> int:
+    return math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+
+
+def _sum_dots(jaxpr, measure, kernel, in_kernel: bool = False) -> float:
+    """measure(eqn) summed over every dot_general of a (closed) jaxpr and kernel(eqn) over every
+    Pallas call, loop bodies times their trip counts, nested calls once per call; a while loop or
+    a conditional: ValueError outside a kernel, the largest branch inside one."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # ClosedJaxpr -> Jaxpr
     total = 0.0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
-            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            out = eqn.outvars[0].aval.shape
-            total += 2.0 * math.prod(out) * math.prod(lhs[d] for d in lhs_contract)
+            total += measure(eqn)
+        elif name == "pallas_call":
+            total += kernel(eqn)
+        elif name == "cond" and in_kernel:
+            total += max(_sum_dots(b, measure, kernel, True) for b in eqn.params["branches"])
         elif name in ("while", "cond"):
             raise ValueError(f"dot_flops: a {name} has no static trip count")
         else:
             times = eqn.params["length"] if name == "scan" else 1
             for sub in jax_core.jaxprs_in_params(eqn.params):
-                total += times * dot_flops(sub)
+                total += times * _sum_dots(sub, measure, kernel, in_kernel)
     return total

@@ -90,6 +90,9 @@ class VisionEncoder:
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
+      attention: "xla" (the default: the pure-XLA schedules, the reference) or "kernel" (the
+        device's Pallas kernel: Triton on an NVIDIA GPU, splash on a TPU; the same results at the
+        bars). "triton" / "splash" name one; on a CPU they run in Pallas' interpreter (tests only).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class VisionEncoder:
         tight_after: int | None = 2,
         max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
+        attention: str = "xla",
     ):
         if compilation_cache_dir is not None:
             enable_compilation_cache(compilation_cache_dir)
@@ -116,7 +120,7 @@ class VisionEncoder:
         self.device = self.devices[0]
         # The data axis of several devices; None for one (the single-device path, unchanged).
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
-        self.num = numerics_for(dtype, self.device)
+        self.num = numerics_for(dtype, self.device, attention)
         self.policy = policy or planlib.BucketPolicy()
         self.preprocess = preprocess or PreprocessConfig()
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
@@ -379,22 +383,12 @@ class VisionEncoder:
 
     def _forward(self, state, pixels, plan):
         """(tokens, deepstack features: [] without deepstack mergers)."""
-        return nnx.merge(self._graphdef, state)(pixels, plan, deepstack=True)
+        return forward(self._graphdef, state, pixels, plan)
 
     def _mesh_forward(self, specs: tuple[jax.ShapeDtypeStruct, planlib.Plan]) -> jax.stages.Compiled:
-        """The program of one bucket on the mesh: `shard_map` runs the single-device forward on
-        each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the replicated
-        parameters; no collective, so devices never wait for each other inside a step."""
-        data = P("data")
-
-        def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
-            out = self._forward(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
-            return jax.tree.map(lambda a: a[None], out)
-
-        fn = jax.shard_map(per_device, mesh=self.mesh, in_specs=(P(), data, data), out_specs=data)
-        sharding, d = NamedSharding(self.mesh, data), len(self.devices)
-        stacked = jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
-        return jax.jit(fn).lower(self._state, *stacked).compile()
+        """The program of one bucket on the mesh (`mesh_program`)."""
+        program = jax.jit(mesh_program(self._forward, self.mesh))
+        return program.lower(self._state, *mesh_specs(specs, self.mesh)).compile()
 
 
 def _check_devices(devices) -> list[jax.Device]:
@@ -432,6 +426,34 @@ def _frames_key(grid_thw) -> tuple:
         else:
             rows.append([t, h, w])
     return tuple(map(tuple, rows))
+
+
+def forward(graphdef: nnx.GraphDef, state: nnx.State, pixels: jax.Array, plan: planlib.Plan):
+    """The encoder's program for one device: (tokens, deepstack features: [] without deepstack
+    mergers). pixels [N_pad, P] -> tokens [N_pad / mu, out_dim]."""
+    return nnx.merge(graphdef, state)(pixels, plan, deepstack=True)
+
+
+def mesh_program(forward_fn, mesh: Mesh):
+    """The program of one bucket on a mesh: `shard_map` runs the single-device `forward_fn(state,
+    pixels, plan)` on each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the
+    replicated parameters; no collective, so devices never wait for each other inside a step."""
+    data = P("data")
+
+    def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
+        out = forward_fn(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
+        return jax.tree.map(lambda a: a[None], out)
+
+    # check_vma=False: the platforms' attention kernels (Pallas calls) do not declare how their
+    # outputs vary over the mesh axis; every value here varies with its device's slice anyway.
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), data, data), out_specs=data, check_vma=False)
+
+
+def mesh_specs(specs: tuple[jax.ShapeDtypeStruct, planlib.Plan], mesh: Mesh):
+    """One bucket's input shapes (`_input_specs`) stacked for the mesh: a leading [D] axis sharded
+    over the data axis."""
+    sharding, d = NamedSharding(mesh, P("data")), mesh.devices.size
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
 
 
 def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:

@@ -169,8 +169,9 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
         self.act = activation(cfg.hidden_act)
-        self.fc1 = Linear(cfg.width, cfg.intermediate_size, num, rngs=rngs)
-        self.fc2 = Linear(cfg.intermediate_size, cfg.width, num, rngs=rngs)
+        hidden = num.mlp_width(cfg.intermediate_size)  # zero-padded on TPU (Numerics.mlp_multiple)
+        self.fc1 = Linear(cfg.width, hidden, num, rngs=rngs)
+        self.fc2 = Linear(hidden, cfg.width, num, rngs=rngs)
 
     def __call__(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -181,9 +182,10 @@ class SwiGLU(nnx.Module):
 
     def __init__(self, cfg: VisionConfig, num: Numerics, *, rngs: nnx.Rngs):
         self.act = activation(cfg.hidden_act)
-        self.gate = Linear(cfg.width, cfg.intermediate_size, num, rngs=rngs)
-        self.up = Linear(cfg.width, cfg.intermediate_size, num, rngs=rngs)
-        self.down = Linear(cfg.intermediate_size, cfg.width, num, rngs=rngs)
+        hidden = num.mlp_width(cfg.intermediate_size)  # zero-padded on TPU (Numerics.mlp_multiple)
+        self.gate = Linear(cfg.width, hidden, num, rngs=rngs)
+        self.up = Linear(cfg.width, hidden, num, rngs=rngs)
+        self.down = Linear(hidden, cfg.width, num, rngs=rngs)
 
     def __call__(self, x):
         return self.down(self.act(self.gate(x)) * self.up(x))
@@ -392,7 +394,9 @@ def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTrans
 # ---- loading -----------------------------------------------------------------------------
 
 
-def load_model(path: str | os.PathLike, dtype: str = "float32", device: jax.Device | None = None) -> VisionTransformer:
+def load_model(
+    path: str | os.PathLike, dtype: str = "float32", device: jax.Device | None = None, attention: str = "xla"
+) -> VisionTransformer:
     """The tower of `path`, as an `nnx.Module` with `.cfg`: a directory written by
     `convert_checkpoint`, an HF checkpoint directory (converted in memory) or a hub id in the local
     HF cache (sources.py).
@@ -400,11 +404,13 @@ def load_model(path: str | os.PathLike, dtype: str = "float32", device: jax.Devi
     dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
     accumulation; norms, rotary, softmax and the residual stream stay float32). The numerics
     follow `device` (default jax.devices()[0]): on CPU, full attention runs its tiles as 2-D dot
-    loops, and bf16 dots are native only with avx512_bf16 / AMX (`numerics_for`).
+    loops, and bf16 dots are native only with avx512_bf16 / AMX (`numerics_for`). attention: "xla"
+    (the default) or "kernel", the device's Pallas attention kernel (Triton on an NVIDIA GPU, splash
+    on a TPU).
     """
     from qwen_vit_jax.sources import load_source
 
-    num = numerics_for(dtype, device)
+    num = numerics_for(dtype, device, attention)
     cfg, params, _ = load_source(path)
     return model_from_params(cfg, params, num, device)
 
@@ -448,6 +454,10 @@ def fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numerics
     values = []
     for key, var in expected.items():
         value = np.asarray(params[key])
+        if key.startswith("blocks.mlp.") and value.shape != var.shape and len(value.shape) == len(var.shape):
+            # The MLP's hidden width rounded up (Numerics.mlp_multiple): zeros in the added rows /
+            # columns leave every output as it is.
+            value = np.pad(value, [(0, max(0, v - s)) for s, v in zip(value.shape, var.shape)])
         if value.shape != var.shape:
             raise ValueError(f"parameter {key}: shape {value.shape}, model expects {var.shape}")
         dtype = num.operand_dtype if key.endswith("kernel") else jnp.float32

@@ -14,6 +14,10 @@ import os
 import shutil
 import tempfile
 
+# JAX's own backend is the CPU, even where the accel extra installed the TPU and CUDA compilers
+# (they would otherwise be probed for devices at start-up): tests/test_aot.py uses them deviceless.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="qwen_vit_jax_test_jax_cache_")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
