@@ -100,6 +100,16 @@ def hf_tensor(rule: Rule, row: int | None, params: dict[str, np.ndarray], cfg: V
     if w.dtype == np.uint16:  # bf16 weights held as bits (model.as_bits): reinterpret, exactly
         w = w.view(_ST_DTYPES["BF16"])
     dst, src = dims_to_shape(rule.dst, cfg), dims_to_shape(rule.src, cfg)
+    if rule.target.startswith("blocks.mlp.") and w.shape != dst and w.ndim == len(dst):
+        # A tower built for a TPU stores the MLP's hidden width rounded up (Numerics.mlp_multiple)
+        # with zero rows / columns, which stay zero in training (their activations and gradients
+        # are zero): crop them back, refusing anything non-zero.
+        crop = tuple(slice(0, d) for d in dst)
+        rest = w.copy()
+        rest[crop] = 0
+        if any(a < d for a, d in zip(w.shape, dst)) or np.any(rest):
+            raise ValueError(f"{rule.target}[{row}]: shape {w.shape} is not {dst} plus zero padding")
+        w = w[crop]
     if w.shape != dst:
         raise ValueError(f"{rule.target}" + ("" if row is None else f"[{row}]") + f": shape {w.shape}, expected {dst}")
     return _INVERSE[rule.transform](w, src)

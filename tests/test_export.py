@@ -216,3 +216,21 @@ def test_like_may_be_a_cached_hub_id(checkpoints, tmp_path, monkeypatch):
     out = qvj.export_hf(qvj.load_model("Org/Export-VL", dtype="bfloat16"), tmp_path / "out", like="Org/Export-VL")
     assert_same_files(src, out)
     assert not any(p.is_symlink() for p in out.iterdir())  # real files (links to the blobs' inodes), not symlinks
+
+
+def test_mlp_padded_for_tpu_is_cropped(checkpoints, tmp_path):
+    """A TPU tower holds the MLP hidden width rounded up with zero rows / columns: exported as HF's."""
+    from qwen_vit_jax.sources import load_source
+
+    _, src = checkpoints["q25", "float32"]
+    cfg, params, _ = load_source(src)
+    padded = dict(params)
+    for k, v in params.items():
+        if k.startswith("blocks.mlp."):  # hidden width 96 -> 128 where it is an axis
+            padded[k] = np.pad(v, [(0, 128 - n if n == cfg.intermediate_size else 0) for n in v.shape])
+    assert padded["blocks.mlp.up.kernel"].shape == (cfg.depth, cfg.width, 128)
+    assert_same_files(src, export.export_params(cfg, padded, tmp_path / "out", like=src))
+    padded["blocks.mlp.down.kernel"][1, 100, 0] = 1.0
+    with pytest.raises(ValueError, match=r"blocks.mlp.down.kernel\[1\]: shape \(128, 64\) is not \(96, 64\) plus zero"):
+        export.export_params(cfg, padded, tmp_path / "out2", like=src)
+    assert not (tmp_path / "out2").exists()
