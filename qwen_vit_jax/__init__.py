@@ -11,6 +11,9 @@
     e = qvj.read_embeddings("emb.safetensors")    # what `qwen-vit-jax encode` wrote (or its shards)
 
     model = qvj.load_model(out_dir)               # the nnx.Module, for your own jit / grad
+                                                  # (also an HF checkpoint dir or a cached hub id)
+    qvj.add_lora(model, 8, rngs=nnx.Rngs(0))      # stacked nnx.LoRA adapters; qvj.merge_lora(model)
+    qvj.export_hf(model, hf_out, like=hf_dir)     # back to a complete HF checkpoint
     for plan in qvj.make_plans(thw, model.cfg):   # one Plan (a pytree) per chunk
         emb = plan.unpad(jax.jit(model)(plan.take(pv), plan))
 
@@ -37,6 +40,9 @@ _EXPORTS = {
     "to_spatial": "plan",
     "VisionTransformer": "model",
     "load_model": "model",
+    "export_hf": "export",
+    "add_lora": "lora",
+    "merge_lora": "lora",
     "PreprocessConfig": "preprocess",
     "preprocess_images": "preprocess",
     "preprocess_paddleocr_images": "preprocess",

@@ -104,7 +104,8 @@ def cmd_encode(args) -> int:
     meta = {
         "format": FORMAT,
         "version": VERSION,
-        "checkpoint": str(pathlib.Path(args.checkpoint).resolve()),
+        # a directory by its absolute path, a hub id (not a path) as given
+        "checkpoint": str(pathlib.Path(ckpt).resolve()) if os.path.exists(ckpt := args.checkpoint) else ckpt,
         "dtype": enc.dtype,
         "preprocess": image_cfg.to_dict(),
         "video_preprocess": video_cfg.to_dict(),
@@ -181,18 +182,14 @@ def _sampling(args) -> dict:
 
 def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
     """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
-    them when there are several), with a hint when handed an unconverted HF checkpoint."""
+    them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id."""
     import jax
 
-    from qwen_vit_jax.convert import PARAMS_FILE
     from qwen_vit_jax.encoder import VisionEncoder
 
-    ckpt = pathlib.Path(checkpoint)
-    if ckpt.is_dir() and not (ckpt / PARAMS_FILE).exists() and any(ckpt.glob("model*.safetensors*")):
-        raise CommandError(f"{ckpt} looks like an HF checkpoint; convert it first: {PROG} convert {ckpt} OUT_DIR")
     devices = jax.local_devices()
     return VisionEncoder.from_pretrained(
-        ckpt, dtype=dtype, compilation_cache_dir=compile_cache, devices=devices if len(devices) > 1 else None
+        checkpoint, dtype=dtype, compilation_cache_dir=compile_cache, devices=devices if len(devices) > 1 else None
     )
 
 
@@ -216,55 +213,49 @@ def cmd_verify(args) -> int:
         return 2
     from qwen_vit_jax import hf_reference
     from qwen_vit_jax.config import VisionConfig
-    from qwen_vit_jax.convert import convert_checkpoint
+    from qwen_vit_jax.sources import HF_DIR, HUB, resolve_source
 
-    hf_dir = pathlib.Path(args.hf_dir)
-    if not hf_dir.is_dir():
-        raise FileNotFoundError(f"HF checkpoint directory not found: {hf_dir}")
+    src = resolve_source(args.hf_dir)  # an HF dir or a cached hub id
+    if src.kind not in (HF_DIR, HUB):
+        raise CommandError(f"HF_DIR must be an HF checkpoint (or a cached hub id), not a {src.kind} directory")
+    hf_dir = src.path
     cfg = VisionConfig.from_hf(hf_dir)
-    with tempfile.TemporaryDirectory(prefix="qwen_vit_jax_verify_") as tmp:
-        if args.checkpoint is None:
-            t0 = time.perf_counter()
-            ckpt = convert_checkpoint(hf_dir, pathlib.Path(tmp) / "converted")
-            print(f"converted {hf_dir} in {time.perf_counter() - t0:.1f} s (temporary)")
-        else:
-            ckpt = pathlib.Path(args.checkpoint)
-        dtypes = ["float32"] + (["bfloat16"] if args.bf16 else [])
-        encoders = {d: _load_encoder(ckpt, d) for d in dtypes}
-        if encoders["float32"].cfg != cfg:
-            raise CommandError(f"{ckpt} holds a different tower than {hf_dir}: {encoders['float32'].cfg} vs {cfg}")
-        t0 = time.perf_counter()
-        hf = hf_reference.load_hf_vision_tower(hf_dir)
-        print(
-            f"{cfg.variant} vision tower: depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}; "
-            f"reference: HF transformers {transformers.__version__} float32 "
-            f"(loaded in {time.perf_counter() - t0:.1f} s)"
-        )
-        print(
-            f"{'dtype':<9} {'case':<34} {'tokens':>6} {'max abs':>9} {'/max|ref|':>9} {'rel err':>9} "
-            f"{'min cos':>9}  result"
-        )
-        # All cases in one call on each side (one compiled program per dtype; a mixed batch also
-        # exercises packing), then compared case by case.
-        grids = [np.asarray(g, np.int64) for _, g in VERIFY_CASES]
-        grid = np.concatenate(grids)
-        pixels = np.random.default_rng(args.seed).standard_normal(
-            (int(np.prod(grid, axis=1).sum()), cfg.patch_dim), dtype=np.float32
-        )
-        ref = hf_reference.hf_visual(hf, pixels, grid)
-        cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
-        ok = True
-        for dtype, enc in encoders.items():
-            for (name, _), ours, expected in zip(
-                VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts), np.split(ref, cuts)
-            ):
-                m = hf_reference.compare(ours, expected)
-                good = hf_reference.TOLERANCES[dtype].passes(m)
-                ok &= good
-                print(
-                    f"{dtype:<9} {name:<34} {len(expected):>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
-                    f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}"
-                )
+    ckpt = args.checkpoint if args.checkpoint is not None else hf_dir  # default: HF_DIR itself, converted in memory
+    dtypes = ["float32"] + (["bfloat16"] if args.bf16 else [])
+    encoders = {d: _load_encoder(ckpt, d) for d in dtypes}
+    if encoders["float32"].cfg != cfg:
+        raise CommandError(f"{ckpt} holds a different tower than {hf_dir}: {encoders['float32'].cfg} vs {cfg}")
+    t0 = time.perf_counter()
+    hf = hf_reference.load_hf_vision_tower(hf_dir)
+    print(
+        f"{cfg.variant} vision tower: depth {cfg.depth}, width {cfg.width}, out_dim {cfg.out_dim}; "
+        f"reference: HF transformers {transformers.__version__} float32 "
+        f"(loaded in {time.perf_counter() - t0:.1f} s)"
+    )
+    print(
+        f"{'dtype':<9} {'case':<34} {'tokens':>6} {'max abs':>9} {'/max|ref|':>9} {'rel err':>9} {'min cos':>9}  result"
+    )
+    # All cases in one call on each side (one compiled program per dtype; a mixed batch also
+    # exercises packing), then compared case by case.
+    grids = [np.asarray(g, np.int64) for _, g in VERIFY_CASES]
+    grid = np.concatenate(grids)
+    pixels = np.random.default_rng(args.seed).standard_normal(
+        (int(np.prod(grid, axis=1).sum()), cfg.patch_dim), dtype=np.float32
+    )
+    ref = hf_reference.hf_visual(hf, pixels, grid)
+    cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
+    ok = True
+    for dtype, enc in encoders.items():
+        for (name, _), ours, expected in zip(
+            VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts), np.split(ref, cuts)
+        ):
+            m = hf_reference.compare(ours, expected)
+            good = hf_reference.TOLERANCES[dtype].passes(m)
+            ok &= good
+            print(
+                f"{dtype:<9} {name:<34} {len(expected):>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
+                f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}"
+            )
     print("bars (docs/numerics.md): " + "; ".join(f"{d} {hf_reference.TOLERANCES[d].describe()}" for d in dtypes))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
@@ -370,9 +361,9 @@ Exit status: 0 if every case passes, 1 if one fails, 2 without torch / transform
 """
 
 BENCH_HELP = """\
-Time the forward of a converted checkpoint on random inputs. Per size: the compile time of
-its bucket's program, and the median wall time of --repeats calls (host planning, transfer,
-compute and fetch; no image preprocessing).
+Time the forward of a checkpoint (converted dir, HF dir or cached hub id) on random inputs.
+Per size: the compile time of its bucket's program, and the median wall time of --repeats
+calls (host planning, transfer, compute and fetch; no image preprocessing).
 """
 
 DEMO_HELP = """\
@@ -414,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     sub.add_parser("convert", add_help=False, help="HF checkpoint -> qwen_vit_jax params (HF_DIR OUT_DIR)")
+    sub.add_parser(
+        "export", add_help=False, help="a tower -> an HF checkpoint like HF_DIR (MODEL_DIR OUT_DIR --like HF_DIR)"
+    )
     sub.add_parser("aot", add_help=False, help="compile for an H100 / H200 / TPU without one: memory, roofline")
 
     p = sub.add_parser(
@@ -423,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=ENCODE_HELP,
         epilog=f"example: {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="converted checkpoint directory (from `convert`)")
+    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
     p.add_argument(
         "inputs",
         metavar="INPUT",
@@ -500,12 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=VERIFY_HELP,
         epilog=f"example: {PROG} verify ~/Qwen2.5-VL-3B-Instruct q3b --bf16",
     )
-    p.add_argument("hf_dir", metavar="HF_DIR", help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="HF checkpoint directory (or hub id in the local cache)")
     p.add_argument(
         "checkpoint",
         metavar="CKPT",
         nargs="?",
-        help="our converted checkpoint of it (default: convert HF_DIR into a temporary folder)",
+        help="ours to check: a converted dir of it, or any source (default: HF_DIR itself, converted in memory)",
     )
     p.add_argument("--bf16", action="store_true", help="also check our bfloat16 mode")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
@@ -517,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=BENCH_HELP,
         epilog=f"example: {PROG} bench q3b --sizes 16x16,36x36,2x24x24 --dtype bfloat16",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="converted checkpoint directory")
+    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
     p.add_argument(
         "--sizes",
         default="16x16,36x36",
@@ -574,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
             from qwen_vit_jax.convert import main as convert_main
 
             return convert_main(argv[1:], prog=f"{PROG} convert")
+        if argv[:1] == ["export"]:  # export.py owns that parser
+            from qwen_vit_jax.export import main as export_main
+
+            return export_main(argv[1:], prog=f"{PROG} export")
         if argv[:1] == ["aot"]:  # aot.py owns its parser
             from qwen_vit_jax.aot import main as aot_main
 

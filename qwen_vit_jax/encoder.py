@@ -154,18 +154,20 @@ class VisionEncoder:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str = "float32", **kwargs) -> VisionEncoder:
-        """Load a directory written by `convert_checkpoint`."""
-        from qwen_vit_jax.convert import load_converted
+        """Load `path`: a directory written by `convert_checkpoint`, an HF checkpoint directory
+        (its vision tensors converted in memory, nothing written) or a hub id ("Org/Name") in the
+        local HF cache, never the network (sources.py). The checkpoint's preprocessor_config.json
+        sets the preprocessing unless `preprocess` is given."""
+        from qwen_vit_jax.sources import load_source
 
         Numerics(dtype)  # validate before reading gigabytes
         if kwargs.get("compilation_cache_dir") is not None:
             enable_compilation_cache(kwargs.pop("compilation_cache_dir"))
-        cfg, params, _ = load_converted(path)
-        pre = os.path.join(path, "preprocessor_config.json")
-        if os.path.exists(pre) and "preprocess" not in kwargs:
-            kwargs["preprocess"] = PreprocessConfig.from_hf(pre)
+        cfg, params, src = load_source(path)
+        if src.preprocessor_config is not None and "preprocess" not in kwargs:
+            kwargs["preprocess"] = PreprocessConfig.from_hf(src.preprocessor_config)
         if "video_preprocess" not in kwargs:
-            kwargs["video_preprocess"] = video_config_for(path, cfg)
+            kwargs["video_preprocess"] = video_config_for(src.path, cfg)
         return cls(cfg, params, dtype=dtype, **kwargs)
 
     @property

@@ -446,7 +446,9 @@ def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTrans
 def load_model(
     path: str | os.PathLike, dtype: str = "float32", device: jax.Device | None = None, attention: str = "xla"
 ) -> VisionTransformer:
-    """The tower of a directory written by `convert_checkpoint`, as an `nnx.Module` with `.cfg`.
+    """The tower of `path`, as an `nnx.Module` with `.cfg`: a directory written by
+    `convert_checkpoint`, an HF checkpoint directory (converted in memory) or a hub id in the local
+    HF cache (sources.py).
 
     dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
     accumulation; norms, rotary, softmax and the residual stream stay float32). The numerics
@@ -455,10 +457,10 @@ def load_model(
     (the default) or "kernel", the device's Pallas attention kernel (Triton on an NVIDIA GPU, splash
     on a TPU).
     """
-    from qwen_vit_jax.convert import load_converted
+    from qwen_vit_jax.sources import load_source
 
     num = numerics_for(dtype, device, attention)
-    cfg, params, _ = load_converted(path)
+    cfg, params, _ = load_source(path)
     return model_from_params(cfg, params, num, device)
 
 

@@ -1,0 +1,153 @@
+"""Fine-tuning cost of the real Qwen2.5-VL-3B tower: compiled temp memory and step time of one
+training step on one 36x36-patch image (1296 patches), full fine-tuning vs LoRA, with and without
+remat, float32 and bfloat16.
+
+    python benchmarks/bench_finetune.py [--dtypes float32,bfloat16] [--modes full,lora8,lora16] [--repeats 2]
+
+A step is the loss sum(tokens * w) (w fixed random), its gradient w.r.t. the trained parameters
+(every nnx.Param for full fine-tuning; nnx.LoRAParam for LoRA: rank r adapters on qkv and proj of
+every block, qvj.add_lora) and an optax Adam update, in one jax.jit with the trained parameters and
+the optimizer state donated. Each row is a fresh worker process: the converted random checkpoint
+(common.checkpoint) loaded in the dtype, the step lowered and compiled (XLA's memory_analysis:
+temp = activations kept for the backward pass plus scratch; arguments = weights, optimizer state,
+inputs), then `--repeats` timed steps after one warm-up step (median reported). A step whose
+temp + arguments + output exceed --max-run-gib is compiled (from the optimizer state's shapes) but
+not run: the machine these numbers come from is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from common import build_checkpoint, checkpoint, log, machine_line, markdown_table, run_worker, worker_main  # noqa: E402
+
+PRESET = "qwen2.5-vl-3b"
+GRID = [[1, 36, 36]]
+MiB = 1 << 20
+
+
+def step_worker(p: dict) -> dict:
+    """Worker: compile + time one training step configuration."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+
+    import qwen_vit_jax as qvj
+
+    model = qvj.load_model(p["ckpt"], dtype=p["dtype"])
+    cfg = model.cfg
+    if p["rank"]:
+        qvj.add_lora(model, p["rank"], targets=("qkv", "proj"), rngs=nnx.Rngs(0))
+    trained = nnx.LoRAParam if p["rank"] else nnx.Param
+    graphdef, params, rest = nnx.split(model, trained, ...)
+    tx = optax.adam(1e-4)
+    opt_state = jax.eval_shape(tx.init, params)  # shapes only until the step is known to fit
+    (plan,) = qvj.make_plans(np.asarray(GRID), cfg, qvj.BucketPolicy(tight=True))
+    rng = np.random.default_rng(0)
+    pixels = jnp.asarray(plan.take(rng.standard_normal((plan.n_patches, cfg.patch_dim), dtype=np.float32)))
+    w = jnp.asarray(rng.standard_normal((plan.bucket.patches // cfg.merge_unit, cfg.out_dim), dtype=np.float32))
+    plan = jax.device_put(plan)
+    remat = p["remat"]
+
+    def step(params, opt_state, rest, pixels, plan, w):
+        def loss_fn(params):
+            return jnp.sum(nnx.merge(graphdef, params, rest)(pixels, plan, remat=remat) * w)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, rest, pixels, plan, w).compile()
+    compile_s = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    need = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+    times = []
+    if need > p["max_run_gib"] * (1 << 30):  # this machine is shared: report the compile, skip the run
+        return {
+            **_memory(m),
+            "compile_s": compile_s,
+            "step_s": None,
+            "trained": _count(params),
+            "bucket": plan.bucket.patches,
+        }
+    opt_state = tx.init(params)
+    for i in range(p["repeats"] + 1):
+        t0 = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, rest, pixels, plan, w)
+        jax.block_until_ready((params, loss))
+        if i:  # the first run: warm-up
+            times.append(time.perf_counter() - t0)
+    return {
+        **_memory(m),
+        "compile_s": compile_s,
+        "step_s": statistics.median(times),
+        "steps": times,
+        "trained": _count(params),
+        "bucket": plan.bucket.patches,
+        "loss_finite": bool(np.isfinite(float(loss))),
+    }
+
+
+def _memory(m) -> dict:
+    return {"temp": m.temp_size_in_bytes, "argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes}
+
+
+def _count(params) -> int:
+    import jax
+
+    return int(sum(v.size for v in jax.tree.leaves(params)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--modes", default="full,lora8,lora16", help="full, loraR (rank R)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--max-run-gib",
+        type=float,
+        default=9.0,
+        help="run (time) a step only if its temp + arguments + output fit in this many GiB (default 9: a "
+        "shared 24 GiB machine); larger ones are compiled and reported without a step time",
+    )
+    args = ap.parse_args()
+    script = str(pathlib.Path(__file__).resolve())
+    ckpt = checkpoint(script, PRESET, quick=False)["ours"]
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for mode in args.modes.split(","):
+            rank = 0 if mode == "full" else int(mode.removeprefix("lora"))
+            for remat in (False, True):
+                payload = {"ckpt": ckpt, "dtype": dtype, "rank": rank, "remat": remat, "repeats": args.repeats}
+                r = run_worker(script, "step", payload | {"max_run_gib": args.max_run_gib})
+                step = "not run (too large)" if r["step_s"] is None else f"{r['step_s']:.2f}"
+                log(f"{dtype} {mode} remat={remat}: temp {r['temp'] / MiB:,.0f} MiB, step {step} s")
+                rows.append(
+                    [
+                        dtype,
+                        "full" if not rank else f"LoRA r={rank}",
+                        "yes" if remat else "no",
+                        f"{r['trained']:,}",
+                        f"{r['temp'] / MiB:,.0f}",
+                        f"{r['argument'] / MiB:,.0f}",
+                        step,
+                        f"{r['compile_s']:.0f}",
+                    ]
+                )
+    print(machine_line())
+    print(f"{PRESET} tower, one {GRID[0][1]}x{GRID[0][2]}-patch image ({r['bucket']}-row tight bucket), Adam")
+    headers = ["dtype", "trained", "remat", "trained params", "temp MiB", "arguments MiB", "step s", "compile s"]
+    print(markdown_table(headers, rows))
+
+
+if __name__ == "__main__":
+    if not worker_main({"build": build_checkpoint, "step": step_worker}):
+        main()
