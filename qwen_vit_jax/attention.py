@@ -18,6 +18,9 @@ Both apply the 2-D rotary embedding to q and k themselves (`rotary`), where thei
 them: on CPU inside each head's gathers and slices, so the rotation costs no pass of its own over
 [N, H, Dh].
 
+On GPUs and TPUs the attention core can run in the platform's Pallas kernel instead
+(`Numerics.attention`: attention_gpu.py, attention_tpu.py), with the same inputs and outputs.
+
 Softmax statistics are always float32. `Numerics.dtype` is the dtype of the matmul
 operands; products accumulate in float32 (preferred_element_type).
 """
@@ -344,12 +347,12 @@ def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
 
 
 def _kernel_inputs(q, k, v, num: Numerics, rotary: Rotary | None):
-    """q (rotated, scaled), k (rotated), v (finite) as the kernels take them: [N, H, Dh] in the
-    operand dtype (float32 stays float32; bf16 mode rounds the operands as `Numerics.einsum` does)."""
+    """q (rotated, scaled), k (rotated), v as the kernels take them: [N, H, Dh] in the operand dtype
+    (float32 stays float32; bf16 mode rounds the operands as `Numerics.einsum` does)."""
     if rotary is not None:
         q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
     dtype = jnp.float32 if num.dtype == "float32" else jnp.bfloat16
-    return (x.astype(dtype) for x in (q * q.shape[-1] ** -0.5, k, _finite(v)))
+    return (x.astype(dtype) for x in (q * q.shape[-1] ** -0.5, k, v))
 
 
 def _tile_kernel(num: Numerics):
@@ -366,7 +369,7 @@ def _windows_by_kernel(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None
     the window ids are the segments (an empty entry attends to nothing). -> [N, H, Dh] float32."""
     from qwen_vit_jax.attention_gpu import NO_KEY
 
-    q, k, v = _kernel_inputs(q, k, v, num, rotary)
+    q, k, v = _kernel_inputs(q, k, _finite(v), num, rotary)
     rows, ids = jnp.maximum(plan.window_tokens, 0), plan.window_ids  # [W, S] each
     num_slots, slots = rows.shape
     n, h, dh = q.shape
