@@ -39,7 +39,8 @@ def plot(run: dict, path: pathlib.Path) -> pathlib.Path:
 
     records = run["records"]
     variants = list(dict.fromkeys(r["variant"] for r in records))
-    fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 4.6), squeeze=False)
+    width = max(5.5 * len(variants), 9.0)  # room for the title's flag line with one panel
+    fig, axes = plt.subplots(1, len(variants), figsize=(width, 4.6), squeeze=False)
     for ax, variant in zip(axes[0], variants):
         for impl, color in (("ours", "tab:blue"), ("HF", "tab:orange")):
             for dtype, style in (("float32", "-o"), ("bfloat16", "--s")):
@@ -53,7 +54,7 @@ def plot(run: dict, path: pathlib.Path) -> pathlib.Path:
         ax.set(title=variant, xlabel="patches per image", ylabel="forward seconds (median)", yscale="log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle(title(run), fontsize=9)
+    fig.suptitle(title(run), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
