@@ -5,7 +5,7 @@ temp memory do not depend on them) and asks `cost_report` about:
   - the multi-frame seed cases: [[10, 36, 36]], ten [10, 36, 36] videos, ten videos
     [10, 36 +- 2, 36 +- 2] (seed 1, as tests/test_plan.py), and one 128 x 128-patch image;
   - the same cases once they recur (tight buckets: BucketPolicy(tight=True), what the encoder
-    uses for a grid it has seen before);
+    uses for a grid declared with warmup(grids, tight=True));
   - one 36 x 36-patch image, and the 30-size stream of bench_compile.py (single images, h, w even
     in [2, 64], seed 0): the mean and max of the per-image ratio, and the aggregate (sum of
     compiled over sum of ideal: what the machine actually spends);
@@ -49,8 +49,8 @@ def worker(p: dict) -> dict:
     params = {k: np.zeros(s, np.float32) for k, s in expected_param_shapes(cfg).items()}
     enc = qvj.VisionEncoder(cfg, params)
     cases = {name: enc.cost_report(grid) for name, grid in seed_cases().items()}
-    # The same grids once they recur: what the encoder's tight buckets (tight_after) cost.
-    tight = qvj.VisionEncoder(cfg, params, policy=qvj.BucketPolicy(tight=True), tight_after=None)
+    # The same grids declared recurring sizes: what their tight buckets (warmup(tight=True)) cost.
+    tight = qvj.VisionEncoder(cfg, params, policy=qvj.BucketPolicy(tight=True))
     cases.update({f"{name} (recurring: tight)": tight.cost_report(grid) for name, grid in seed_cases().items()})
     reports = [enc.cost_report([[1, h, w]]) for h, w in p["sizes"]]
     stream = [r["flops_ratio"] for r in reports]

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import pathlib
 import time
 
 import common
 import numpy as np
+import plot_forward
 
 VARIANTS = ("qwen2.5-vl-3b", "qwen2-vl-2b", "qwen3-vl-8b")  # the default; also "paddleocr-vl", "glm-4.1v-9b"
-PLOT = common.ROOT / "benchmarks" / "forward.png"  # RESULTS.md shows this file
+PLOT = plot_forward.DEFAULT_PNG
 SEED = 0
 
 
@@ -130,15 +132,16 @@ def ours_worker(p: dict) -> dict:
     for dtype in p["dtypes"]:
         enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype=dtype)
         out["numerics"][dtype] = str(enc.num)  # native_bf16: which bf16 dot path runs here
-        out["dtypes"][dtype] = time_sizes(enc.encode, p, f"ours-{dtype}", enc.compile_seconds)
+        out["dtypes"][dtype] = time_sizes(enc.encode, p, f"ours-{dtype}", enc.compile_seconds, enc.warmup)
         del enc
     return out
 
 
-def time_sizes(call, p: dict, name: str, compile_seconds: dict | None = None) -> dict:
+def time_sizes(call, p: dict, name: str, compile_seconds: dict | None = None, warmup=None) -> dict:
     """call(pixels, grid) on each size: a first call (saved to outputs/NAME-SIDE.npy; with
-    `compile_seconds`, the encoder's, the compile seconds it added, and one more untimed call that
-    compiles the recurring grid's tight bucket), then the timed repeats."""
+    `compile_seconds`, the encoder's, the compile seconds it added; with `warmup`, the encoder's,
+    the grid is then declared a recurring size, warmup([grid], tight=True), which compiles its tight
+    bucket untimed), then the timed repeats."""
     res = {}
     for side in p["sizes"]:
         g = np.array(grid_of(side))
@@ -147,8 +150,8 @@ def time_sizes(call, p: dict, name: str, compile_seconds: dict | None = None) ->
         t0 = time.perf_counter()
         np.save(f"{p['outputs']}/{name}-{side}.npy", call(px, g))
         first = time.perf_counter() - t0
-        if compile_seconds is not None:  # ours: the grid now recurs, its tight bucket compiles here (untimed)
-            call(px, g)
+        if warmup is not None:  # ours: the grid recurs; its tight bucket compiles here (untimed)
+            warmup([g], tight=True)
         res[side] = {"first": first, **common.summary(common.time_calls(call, p["repeats"], px, g))}
         if compile_seconds is not None:
             res[side]["compile_s"] = sum(s for b, s in compile_seconds.items() if b not in known)
@@ -161,37 +164,6 @@ def rel_err(out_dir: pathlib.Path, name: str, ref: str) -> float | None:
         return None
     a, b = np.load(a), np.load(b)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def plot(records: list[dict], path: pathlib.Path) -> None:
-    """Forward seconds vs patches, one panel per variant (matplotlib; skipped without it)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        common.log("matplotlib is not installed: no plot")
-        return
-    variants = list(dict.fromkeys(r["variant"] for r in records))
-    fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 4.2), squeeze=False)
-    for ax, variant in zip(axes[0], variants):
-        for impl, color in (("ours", "tab:blue"), ("HF", "tab:orange")):
-            for dtype, style in (("float32", "-o"), ("bfloat16", "--s")):
-                pts = sorted(
-                    (r["patches"], r["seconds"])
-                    for r in records
-                    if (r["variant"], r["impl"], r["dtype"]) == (variant, impl, dtype)
-                )
-                if pts:
-                    ax.plot(*zip(*pts), style, color=color, label=f"{impl} {dtype}")
-        ax.set(title=variant, xlabel="patches per image", ylabel="forward seconds (median)", yscale="log")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    common.log(f"wrote {path}")
 
 
 def main() -> None:
@@ -343,7 +315,7 @@ def main() -> None:
         )
     )
     versions = {k: v for res in results.values() for k, v in res["versions"].items()}
-    common.write_json(
+    written = common.write_json(
         out,
         {
             "bench": "forward",
@@ -360,7 +332,10 @@ def main() -> None:
             "records": records,
         },
     )
-    plot(records, pathlib.Path(png))
+    try:  # the same picture as `python benchmarks/plot_forward.py JSON -o PNG` draws from the file
+        common.log(f"wrote {plot_forward.plot(json.loads(written.read_text()), pathlib.Path(png))}")
+    except ImportError:
+        common.log("matplotlib is not installed: no plot (benchmarks/plot_forward.py draws it later)")
 
 
 if __name__ == "__main__" and not common.worker_main(

@@ -6,8 +6,11 @@ Same weights: one HF checkpoint (random weights, as in bench_forward), converted
 a hub-layout copy of config.json: EasyDeL 0.3.0 cannot read the nested text_config that
 transformers 5.x writes). EasyDeL's forward loops over grid_thw in Python and splits
 attention by its values, so it is jitted with the grid as a compile-time constant: one
-program per distinct grid. Ours compiles one program per bucket. Both compile cold: EasyDeL's
-import switches JAX's persistent compilation cache on, the worker switches it off again.
+program per distinct grid. Ours compiles one program per bucket; the timed sizes are declared
+recurring sizes (`warmup([grid], tight=True)`, counted in the first call): their tight buckets,
+rows rounded only to the attention blocks (1296 patches: 1296 rows), against EasyDeL's program
+for exactly that shape. Both compile cold: EasyDeL's import switches JAX's persistent
+compilation cache on, the worker switches it off again.
 
 EasyDeL lives in its own venv (it pins an older jax and imports torch and pillow):
     python -m venv /work/easydel-venv
@@ -16,9 +19,12 @@ The sides alternate, each round a fresh process per side (--rounds). Each proces
 then per size a first call (compile) and --repeats timed calls (medians over all rounds);
 in the first round, then the size-change probe: a first and a second call on each of a few
 new sizes, with the XLA compiles they triggered (common.count_compiles) and their seconds.
+The stream part (--stream N, default 10): N distinct single images (h, w even in [8, 36],
+seed 1), each encoded once, in a fresh process per side and round that has compiled nothing:
+the wall time of the whole stream, compiles included (ours: the ladder, no size declared).
 
     python benchmarks/bench_peer.py [--quick] [--sizes 16,36] [--repeats N] [--rounds N]
-        [--easydel-python /work/easydel-venv/bin/python] [--out PATH]
+        [--stream N] [--easydel-python /work/easydel-venv/bin/python] [--out PATH]
 """
 
 from __future__ import annotations
@@ -42,14 +48,43 @@ def probe_sides(sizes: list[int]) -> list[list[int]]:
     return [[s, s + 2] for s in sizes] + [[sizes[-1] + 2, sizes[-1]]]
 
 
-def run_sides(call, p: dict, compiles: dict) -> dict:
-    """Time call(px, grid) on the timed sizes, then probe new sizes."""
+def stream_sizes(n: int = 10, seed: int = 1, lo: int = 8, hi: int = 36) -> list[list[int]]:
+    """n distinct (h, w), both even in [lo, hi] (seed 1): the stream part's images."""
+    rng = np.random.default_rng(seed)
+    out: list[list[int]] = []
+    while len(out) < n:
+        hw = [int(x) for x in 2 * rng.integers(lo // 2, hi // 2 + 1, size=2)]
+        if hw not in out:
+            out.append(hw)
+    return out
+
+
+def run_stream(call, p: dict, compiles: dict) -> dict:
+    """Encode each stream size once, in order, in a process that has compiled nothing yet: the
+    wall time of the whole stream, compiles included (pixels made before the clock starts)."""
+    grids = [np.array([[1, h, w]]) for h, w in p["stream"]]
+    inputs = [(common.random_pixels(g, p["patch_dim"], SEED), g) for g in grids]
+    per, c_start, t_start = [], compiles["count"], time.perf_counter()
+    for px, g in inputs:
+        c0, t0 = compiles["count"], time.perf_counter()
+        call(px, g)
+        per.append({"grid": g.tolist(), "s": time.perf_counter() - t0, "compiles": compiles["count"] - c0})
+    return {"total_s": time.perf_counter() - t_start, "compiles": compiles["count"] - c_start, "per_size": per}
+
+
+def run_sides(call, p: dict, compiles: dict, declare=None) -> dict:
+    """Time call(px, grid) on the timed sizes, then probe new sizes. `declare(grid)`, if given,
+    runs before a timed size's first call and counts in its time (ours: warmup(tight=True), the
+    grid's tight bucket: what a size that recurs runs)."""
     out = {"sizes": {}, "probe": []}
     for side in p["sizes"]:
         g = np.array([[1, side, side]])
         px = common.random_pixels(g, p["patch_dim"], SEED)
         c0 = compiles["count"]
-        first = common.time_calls(call, 1, px, g)[0]
+        t0 = time.perf_counter()
+        if declare is not None:
+            declare(g)
+        first = time.perf_counter() - t0 + common.time_calls(call, 1, px, g)[0]
         np.save(f"{p['outputs']}/{p['name']}-{side}.npy", call(px, g))
         out["sizes"][side] = {
             "first": first,
@@ -113,7 +148,7 @@ def easydel_worker(p: dict) -> dict:
     return {
         "load_s": load,
         "device": str(jax.devices()[0]),
-        **run_sides(call, p, compiles),
+        **(run_stream(call, p, compiles) if p.get("stream") else run_sides(call, p, compiles)),
         "versions": common.versions("easydel", "jax", "jaxlib", "flax"),
     }
 
@@ -127,10 +162,12 @@ def ours_worker(p: dict) -> dict:
     t0 = time.perf_counter()
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="float32")
     load = time.perf_counter() - t0
+    declare = lambda g: enc.warmup([g], tight=True)  # noqa: E731  a size that recurs: its tight bucket
     return {
         "load_s": load,
         "device": str(jax.devices()[0]),
-        **run_sides(enc.encode, p, compiles),
+        "numerics": str(enc.num),
+        **(run_stream(enc.encode, p, compiles) if p.get("stream") else run_sides(enc.encode, p, compiles, declare)),
         "versions": common.versions("jax", "jaxlib", "flax"),
     }
 
@@ -158,6 +195,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="16,36", help="image sides in patches: grid [[1, s, s]]")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
+    ap.add_argument("--stream", type=int, default=10, help="distinct sizes of the stream part (0: skip it)")
     ap.add_argument("--easydel-python", default="/work/easydel-venv/bin/python")
     ap.add_argument("--quick", action="store_true", help="2-block config, sides 8 and 16, 2 repeats, 1 round")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/peer[-quick].json)")
@@ -178,15 +216,23 @@ def main() -> None:
         "patch_dim": cfg.patch_dim,
         "outputs": str(outputs),
     }
-    runs = {"EasyDeL": [], "ours": []}
+    stream = stream_sizes(args.stream, hi=16 if args.quick else 36) if args.stream else []
+
+    def worker(impl: str, extra: dict) -> dict:
+        if impl == "EasyDeL":
+            python, env = args.easydel_python, common.torch_env()
+            easydel = {**payload, "name": "easydel", **extra}
+            return common.run_worker(__file__, "easydel", easydel, python=python, env=env)
+        return common.run_worker(__file__, "ours", {**payload, "name": "ours", **extra})
+
+    runs, streams = {"EasyDeL": [], "ours": []}, {"EasyDeL": [], "ours": []}
     for i in range(rounds):
         payload["probe"] = payload["probe"] if i == 0 else []  # new sizes: first round only
-        runs["EasyDeL"].append(
-            common.run_worker(
-                __file__, "easydel", {**payload, "name": "easydel"}, python=args.easydel_python, env=common.torch_env()
-            )
-        )
-        runs["ours"].append(common.run_worker(__file__, "ours", {**payload, "name": "ours"}))
+        order = ("EasyDeL", "ours") if i % 2 == 0 else ("ours", "EasyDeL")  # sides alternate
+        for impl in order:
+            runs[impl].append(worker(impl, {}))
+        for impl in order if stream else ():
+            streams[impl].append(worker(impl, {"stream": stream}))  # a fresh process: nothing compiled
 
     rows, records = [], []
     for side in sizes:
@@ -239,6 +285,28 @@ def main() -> None:
             ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))], probe_rows
         )
     )
+    if stream:
+        total = {impl: statistics.median(r["total_s"] for r in rs) for impl, rs in streams.items()}
+        print(
+            f"\nStream: {len(stream)} distinct single images (h, w even in [8, {max(max(hw) for hw in stream)}], "
+            f"seed 1: {', '.join(f'{h}x{w}' for h, w in stream)}), each encoded once in a fresh process, "
+            f"wall time of the stream including compiles (load excluded), median over {rounds} round(s):\n"
+        )
+        print(
+            common.markdown_table(
+                ["impl", "stream wall", "per round", "compiles", "vs EasyDeL"],
+                [
+                    [
+                        impl,
+                        common.fmt_seconds(total[impl]),
+                        ", ".join(common.fmt_seconds(r["total_s"]) for r in rs),
+                        rs[0]["compiles"],
+                        f"{total['EasyDeL'] / total[impl]:.2f}x",
+                    ]
+                    for impl, rs in streams.items()
+                ],
+            )
+        )
     load = {impl: statistics.median(r["load_s"] for r in rs) for impl, rs in runs.items()}
     print("\nLoad (convert + place weights), median: " + ", ".join(f"{k} {v:.1f} s" for k, v in load.items()))
     common.write_json(
@@ -252,6 +320,8 @@ def main() -> None:
             "records": records,
             "load_s": load,
             "runs": runs,
+            "stream_sizes": stream,
+            "streams": streams,
         },
     )
 

@@ -18,7 +18,8 @@ Parts (--parts, comma-separated):
   mlp_pad  the SwiGLU with its intermediate size zero-padded (3420 -> 3456 / 3584 / 4096):
            time and the difference from the unpadded output
   attn     window and segment attention cores: operand dtypes, batched vs per-head loops,
-           windows grouped into larger slots
+           windows grouped into larger slots; for a bucket whose tiles cover it whole (one image),
+           the one-frame schedules side by side: tile loops, dense per head, dense batched
   flags    dots, the SwiGLU and a window block under XLA_FLAGS variants (one process each,
            alternating rounds; outputs compared with the default flags')
   gap      the real forward against its 32 layers run as standalone jitted blocks, alternately
@@ -31,7 +32,8 @@ Parts (--parts, comma-separated):
 Each part runs in its own JAX process (XLA_FLAGS apply per process).
 
     python benchmarks/bench_profile.py [--parts pieces,dots,mlp_pad,attn,flags]
-        [--dtypes float32,bfloat16] [--side 36] [--repeats 5] [--out PATH]
+        [--dtypes float32,bfloat16] [--side 36] [--variant qwen2.5-vl-3b] [--tight] [--repeats 5]
+        [--out PATH]
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def _setup(p: dict):
     from qwen_vit_jax.config import PRESETS
 
     cfg = PRESETS[p.get("variant", VARIANT)]
-    plan = jax.device_put(planlib.make_plans([[1, p["side"], p["side"]]], cfg)[0])
+    policy = planlib.BucketPolicy(tight=p.get("tight", False))  # tight: a declared size's bucket
+    plan = jax.device_put(planlib.make_plans([[1, p["side"], p["side"]]], cfg, policy)[0])
     num = Numerics(p["dtype"], native_bf16=p.get("native_bf16", True), tile_loops=p.get("tile_loops", True))
     return cfg, plan, num
 
@@ -536,6 +539,39 @@ def _window_heads_loop(q, k, v, plan, num):
     return out.transpose(1, 0, 2)
 
 
+def _one_frame_dense(q, k, v, plan, num, rotary, batched: bool):
+    """Full attention of a bucket whose tiles cover it whole (one image: K = N, one tile per block)
+    as one dense attention: per head an [N, Dh] x [Dh, N] dot, a softmax over same-frame keys and
+    an [N, N] x [N, Dh] dot (lax.map over heads), or all heads in one batched dot ([H, N, N]
+    scores). The package's CPU schedule instead runs NB tiles of [B, Dh] x [Dh, N] per head; the
+    same arithmetic. q / k / v: [N, H, Dh] -> [N, H, Dh]."""
+    import jax
+    import jax.numpy as jnp
+
+    from qwen_vit_jax.attention import NEG_INF, apply_rotary
+
+    seg = plan.segment_ids  # [N], -1 on padding rows
+    mask = (seg[:, None] == seg[None, :]) & (seg >= 0)[:, None]  # [N, N]
+    scale = q.shape[-1] ** -0.5
+
+    def softmax_v(s, vx):  # s [..., N, N] scores, vx [..., N, Dh]
+        s = jnp.where(mask, s, NEG_INF)
+        pr = jnp.where(mask, jnp.exp(s - s.max(axis=-1, keepdims=True)), 0.0)
+        o = num.einsum("...qk,...kd->...qd", pr, vx)
+        return o / jnp.maximum(pr.sum(axis=-1, keepdims=True), 1e-30)
+
+    if batched:
+        q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
+        s = num.einsum("qhd,khd->hqk", q * scale, k)  # [H, N, N]
+        return softmax_v(s, v.transpose(1, 0, 2)).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
+
+    def head(i):  # [N, Dh]
+        qx, kx = (apply_rotary(x[:, i], *rotary) for x in (q, k))
+        return softmax_v(num.einsum("qd,kd->qk", qx * scale, kx), v[:, i])  # [N, N] scores
+
+    return jax.lax.map(head, jnp.arange(q.shape[1])).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
+
+
 def attn_worker(p: dict) -> dict:
     """Window and segment attention cores, several formulations, against the current one."""
     import dataclasses
@@ -543,8 +579,10 @@ def attn_worker(p: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from qwen_vit_jax import attention as attn
     from qwen_vit_jax import plan as planlib
     from qwen_vit_jax.attention import segment_attention, window_attention
+    from qwen_vit_jax.model import rotary_cos_sin
 
     cfg, plan, num = _setup(p)
     n, d, h, reps = plan.bucket.patches, cfg.width, cfg.num_heads, p["repeats"]
@@ -552,19 +590,23 @@ def attn_worker(p: dict) -> dict:
     f32 = dataclasses.replace(num, native_bf16=False)
     w, s = plan.window_tokens.shape
     real = plan.n_patches
-    variants = {
-        "window: current": (lambda q, k, v: window_attention(q, k, v, plan, num), 4 * w * s * s * d),
-        "window: f32 operands": (lambda q, k, v: window_attention(q, k, v, plan, f32), 4 * w * s * s * d),
-        "window: heads loop over [H, N, Dh] copies": (
-            lambda q, k, v: _window_heads_loop(q, k, v, plan, num),
-            4 * w * s * s * d,
-        ),
-        "window: all heads batched": (
-            lambda q, k, v: window_attention(q, k, v, plan, dataclasses.replace(num, tile_loops=False)),
-            4 * w * s * s * d,
-        ),
-    }
-    for g in (2, 4):
+    variants = (
+        {}
+        if not cfg.windowed
+        else {
+            "window: current": (lambda q, k, v: window_attention(q, k, v, plan, num), 4 * w * s * s * d),
+            "window: f32 operands": (lambda q, k, v: window_attention(q, k, v, plan, f32), 4 * w * s * s * d),
+            "window: heads loop over [H, N, Dh] copies": (
+                lambda q, k, v: _window_heads_loop(q, k, v, plan, num),
+                4 * w * s * s * d,
+            ),
+            "window: all heads batched": (
+                lambda q, k, v: window_attention(q, k, v, plan, dataclasses.replace(num, tile_loops=False)),
+                4 * w * s * s * d,
+            ),
+        }
+    )
+    for g in (2, 4) if cfg.windowed else ():
         wg = -(-w // g)
         variants[f"window: {g} slots grouped"] = (
             lambda q, k, v, g=g: _window_grouped(q, k, v, plan, num, g),
@@ -580,9 +622,23 @@ def attn_worker(p: dict) -> dict:
             lambda q, k, v, nm=nm: segment_attention(q, k, v, plan, nm),
             seg,
         )
+    b = plan.bucket
+    if b.key_rows == b.patches and b.tiles == b.patches // b.block:  # tiles cover the bucket: one frame
+        rot = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # rotary inside, as the model runs
+        variants["segment: tile loops, rotary"] = (
+            lambda q, k, v: attn._tile_loops(q, k, v, plan, num, rot).reshape(h, n, d // h).transpose(1, 0, 2),
+            seg,
+        )
+        for name, batched in (("dense per head", False), ("dense batched", True)):
+            variants[f"segment: {name}, rotary"] = (
+                lambda q, k, v, batched=batched: _one_frame_dense(q, k, v, plan, num, rot, batched),
+                seg,
+            )
     for rows in (128, 256):  # the image's bucket cut into smaller query blocks than frame_block's
         small = jax.device_put(
-            planlib.make_plans([[1, p["side"], p["side"]]], cfg, planlib.BucketPolicy(frame_block=rows))[0]
+            planlib.make_plans(
+                [[1, p["side"], p["side"]]], cfg, planlib.BucketPolicy(frame_block=rows, tight=p["tight"])
+            )[0]
         )
         variants[f"segment: {small.bucket.block}-row blocks"] = (
             lambda q, k, v, small=small: segment_attention(q, k, v, small, num),
@@ -600,13 +656,13 @@ def attn_worker(p: dict) -> dict:
         fn = jax.jit(fn)
         y = np.asarray(fn(q, k, v))[:real]
         kind = name.split(":")[0]
-        refs.setdefault(kind, y)
+        refs.setdefault(kind + (", rotary" if "rotary" in name else ""), y)
         sec, pk = _timed_vs_peak(fn, (q, k, v), peak, reps)
         out["variants"][name] = {
             "ms": 1e3 * sec,
             "gflops": flops / sec / 1e9,
             "peak": pk,
-            "max_abs_diff_vs_current": float(np.abs(y - refs[kind]).max()),
+            "max_abs_diff_vs_current": float(np.abs(y - refs[kind + (", rotary" if "rotary" in name else "")]).max()),
         }
         common.log(f"{num.dtype} {name}: {1e3 * sec:.2f} ms")
     out["peak"] = statistics.median(x["peak"] for x in out["variants"].values())
@@ -718,14 +774,16 @@ def main() -> None:
     ap.add_argument("--parts", default="pieces,dots,mlp_pad,attn,flags")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--side", type=int, default=36)
+    ap.add_argument("--variant", default=VARIANT, help="a preset name (qvj.PRESETS)")
+    ap.add_argument("--tight", action="store_true", help="the image's tight bucket (a declared size), not its rung")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--flag-sets", default=",".join(FLAG_SETS), help="names from FLAG_SETS")
     ap.add_argument("--flag-rounds", type=int, default=2, help="alternating rounds of the flag-set processes")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/profile.json)")
     args = ap.parse_args()
     parts, dtypes = args.parts.split(","), args.dtypes.split(",")
-    base = {"side": args.side, "repeats": args.repeats, "variant": VARIANT}
-    ckpt = common.CACHE / f"{VARIANT}-seed0" / "ours"
+    base = {"side": args.side, "repeats": args.repeats, "variant": args.variant, "tight": args.tight}
+    ckpt = common.CACHE / f"{args.variant}-seed0" / "ours"
     res: dict = {}
     print(common.machine_line() + "\n")
 

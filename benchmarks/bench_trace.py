@@ -2,9 +2,9 @@
 profiler, its XLA ops grouped by kind.
 
 One JAX process: a `VisionEncoder` of the real-size tower with random weights (timing does not
-depend on them), the grid [[1, s, s]] encoded until it runs in its tight bucket (what a recurring
-size runs), then one traced `encode`. The trace's XLA:CPU events (one per op of the compiled
-program, on the executor threads) are cut at every event boundary; each slice of wall time goes to
+depend on them), the grid [[1, s, s]] declared a recurring size (`warmup(grids, tight=True)`:
+its tight bucket), then one traced `encode`. The trace's XLA:CPU events (one per op of the
+compiled program, on the executor threads) are cut at every event boundary; each slice of wall time goes to
 the innermost op running on each thread, split evenly between threads that run different ops at
 once (XLA runs independent ops concurrently, e.g. the SwiGLU's gate and up dots), so the rows add
 up to the traced wall time. Ops are named by the compiled HLO's fusions and grouped by the JAX
@@ -91,7 +91,8 @@ def worker(p: dict) -> dict:
     del params
     grid = [[1, p["side"], p["side"]]]
     px = rng.standard_normal((p["side"] ** 2, cfg.patch_dim)).astype(np.float32)
-    for _ in range(3):  # the second call compiles the grid's tight bucket
+    enc.warmup([grid], tight=True)  # a recurring size: its tight bucket
+    for _ in range(2):
         enc.encode(px, grid)
     (bucket,) = [Bucket(**b) for b in enc.cost_report(grid)["buckets"]]
     times = common.time_calls(enc.encode, 3, px, grid)

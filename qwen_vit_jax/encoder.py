@@ -87,15 +87,15 @@ class VisionEncoder:
         video config, else HF's video-processor defaults for this tower's variant).
       max_batch_patches: encode_images packs images into calls of at most this many patches
         (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
-      tight_after: a grid encoded this many times (2: as soon as it repeats) gets tight buckets,
-        rows rounded only as far as attention blocks need instead of up to the ladder's next rung
-        (BucketPolicy.tight): one more program for a size that recurs (a dataset resized to one
-        resolution, a video stream's chunks), no ladder padding after. So do, from the first
-        encode, the chunks of a request whose frames recur this many times within it (a long
-        video cut into equal chunks). None: the ladder only.
+      tight_after: None (default): a request's buckets depend on the request and on the sizes
+        declared with `warmup(grids, tight=True)` only, so every call of a request gives the same
+        bits (see `encode`). An int n opts out of that guarantee for convenience: a grid encoded n
+        times switches by itself to its tight buckets (BucketPolicy.tight), whose results differ
+        from its earlier calls' in the last bits (float32: ~1e-6 relative, padding invariance).
         One device only: on several devices pass policy=BucketPolicy(tight=True) instead.
-      max_tight_buckets: at most this many tight buckets are compiled; later recurring grids stay on
-        the ladder (a stream of distinct sizes never recurs: its compile bound is the ladder's).
+      max_tight_buckets: with tight_after, at most this many tight buckets are switched to; later
+        recurring grids stay on the ladder (a stream of distinct sizes never recurs: its compile
+        bound is the ladder's). Declared sizes and a request's own recurring chunks do not count.
       compilation_cache_dir: opt in to JAX's persistent compilation cache in this directory
         (`enable_compilation_cache`; process-wide): a later process loads the buckets' programs
         instead of compiling them.
@@ -116,7 +116,7 @@ class VisionEncoder:
         preprocess: PreprocessConfig | None = None,
         video_preprocess: PreprocessConfig | None = None,
         max_batch_patches: int | None = None,
-        tight_after: int | None = 2,
+        tight_after: int | None = None,
         max_tight_buckets: int = 16,
         compilation_cache_dir: str | os.PathLike | None = None,
         attention: str = "xla",
@@ -140,7 +140,8 @@ class VisionEncoder:
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
         self.tight_after, self.max_tight_buckets = tight_after, max_tight_buckets
         self._seen: collections.OrderedDict[tuple, int] = collections.OrderedDict()  # grid -> encodes, LRU
-        self._tight_buckets: set[planlib.Bucket] = set()
+        self._tight_buckets: set[planlib.Bucket] = set()  # switched to by tight_after
+        self._declared: set[tuple] = set()  # grids declared by warmup(tight=True)
         self._seen_lock = threading.Lock()
         self._graphdef, abstract = nnx.split(abstract_model(cfg, self.num))
         # Several devices: replicated (every device holds all parameters), placed in one go.
@@ -184,6 +185,12 @@ class VisionEncoder:
     def encode(self, pixel_values, grid_thw, *, check_finite: bool = True, return_deepstack: bool = False):
         """Embed a batch of images / videos.
 
+        Every call of a request gives the same bits, whatever this encoder encoded before and in
+        whichever thread: the request's buckets are a function of its grid_thw, the policy and the
+        grids declared with `warmup(grids, tight=True)` before (declare sizes before encoding them;
+        only `tight_after=n` gives up this guarantee). Across buckets (a declared size's tight
+        bucket vs the ladder's rung) results agree to padding invariance (float32: ~1e-6 relative).
+
         Args:
           pixel_values: [N, patch_dim] float rows, N = sum(t * h * w), in HF's patch order.
           grid_thw: [k, 3] ints (t, h, w) per image or video.
@@ -191,6 +198,7 @@ class VisionEncoder:
             its first bad row (one pass over the pixels). Without the check a non-finite image
             still never affects the other images' rows: the tower isolates segments.
           return_deepstack: also return Qwen3-VL's deepstack features.
+
         Returns:
           float32 [N // merge_unit, out_dim]: HF's `visual(...).pooler_output` (the merged
           tokens, every variant), all inputs concatenated in order. With return_deepstack,
@@ -272,10 +280,27 @@ class VisionEncoder:
             out.extend(np.split(emb, np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]))
         return out
 
-    def warmup(self, grids) -> list[planlib.Bucket]:
-        """Compile the buckets that these grids land in (each a [k, 3] grid_thw)."""
+    def warmup(self, grids, *, tight: bool = False) -> list[planlib.Bucket]:
+        """Compile the buckets that these grids land in.
+
+        Args:
+          grids: [k, 3] grid_thw requests.
+          tight: declare these grids as sizes that recur (a dataset resized to one resolution, a
+            video stream's chunks): from now on every encode of exactly such a grid runs in its
+            tight buckets (BucketPolicy.tight: rows rounded only as far as attention blocks need, not
+            up to the ladder's next rung, tiles sized to its frames), one more program per size.
+            One device only (on several devices pass policy=BucketPolicy(tight=True)).
+        Returns:
+          the bucket of each program call the grids' encodes make, in order.
+        """
+        if tight and self.mesh is not None:
+            raise ValueError("warmup(tight=True) is for one device; on several pass policy=BucketPolicy(tight=True)")
         buckets = []
         for g in grids:
+            if tight:
+                key = _grid_key(planlib.validate_grid(g, self.cfg))
+                with self._seen_lock:
+                    self._declared.add(key)
             for bucket in self._buckets(g):
                 self._program(bucket)
                 buckets.append(bucket)
@@ -313,40 +338,41 @@ class VisionEncoder:
         return px
 
     def _plans(self, grid_thw) -> list[planlib.Plan]:
-        """The plans the next encode of this grid uses: the ladder's, with tight buckets (while fewer
-        than max_tight_buckets exist) for every chunk once the grid has been encoded tight_after - 1
-        times before, and from the first encode for the chunks whose frames recur tight_after times
-        within the request itself (the equal chunks of a long video)."""
-        if self.tight_after is None:
-            return planlib.make_plans(grid_thw, self.cfg, self.policy)  # validates grid_thw
+        """The plans the next encode of this grid uses: tight buckets for every chunk of a declared
+        grid (warmup(tight=True)) and, with tight_after, of a grid encoded tight_after - 1 times
+        before (while fewer than max_tight_buckets such buckets exist); otherwise the ladder's, with
+        tight buckets for the chunks whose frames recur within the request itself (the equal chunks
+        of a long video): a function of the request alone."""
         grid_thw = planlib.validate_grid(grid_thw, self.cfg)  # its error, not numpy's, for a bad grid
-        with self._seen_lock:
-            seen = self._seen.get(_grid_key(grid_thw), 0)
         tight = dataclasses.replace(self.policy, tight=True)
-        if seen + 1 >= self.tight_after:
-            plans = planlib.make_plans(grid_thw, self.cfg, tight)
-            tight_plans = plans
-        else:
-            plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
-            keys = [_frames_key(p.grid_thw) for p in plans]
-            repeats = collections.Counter(keys)
-            if max(repeats.values()) < self.tight_after:
-                return plans
-            recurs = [repeats[k] >= self.tight_after for k in keys]
-            plans = [
-                dataclasses.replace(planlib.make_plan(k, self.cfg, tight), span=p.span, grid_thw=p.grid_thw) if r else p
-                for p, k, r in zip(plans, keys, recurs)
-            ]
-            tight_plans = [p for p, r in zip(plans, recurs) if r]
+        key = _grid_key(grid_thw)
         with self._seen_lock:
-            new = {p.bucket for p in tight_plans} - self._tight_buckets
-            if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
-                self._tight_buckets |= new
-                return plans
-        return planlib.make_plans(grid_thw, self.cfg, self.policy)
+            declared, seen = key in self._declared, self._seen.get(key, 0)
+        if declared:
+            return planlib.make_plans(grid_thw, self.cfg, tight)
+        if self.tight_after is not None and seen + 1 >= self.tight_after:
+            plans = planlib.make_plans(grid_thw, self.cfg, tight)
+            with self._seen_lock:
+                new = {p.bucket for p in plans} - self._tight_buckets
+                if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
+                    self._tight_buckets |= new
+                    return plans
+        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
+        keys = [_frames_key(p.grid_thw) for p in plans]
+        repeats = collections.Counter(keys)
+        if max(repeats.values()) < 2:
+            return plans
+        return [
+            dataclasses.replace(planlib.make_plan(k, self.cfg, tight), span=p.span, grid_thw=p.grid_thw)
+            if repeats[k] >= 2
+            else p
+            for p, k in zip(plans, keys)
+        ]
 
     def _count(self, grid_thw, capacity: int = 4096) -> None:
-        """One more encode of this grid (an LRU of the last `capacity` grids)."""
+        """One more encode of this grid (an LRU of the last `capacity` grids), for tight_after."""
+        if self.tight_after is None:
+            return
         key = _grid_key(grid_thw)
         with self._seen_lock:
             self._seen[key] = self._seen.pop(key, 0) + 1
@@ -356,8 +382,9 @@ class VisionEncoder:
     def cost_report(self, grid_thw) -> dict:
         """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory.
 
-        Returns a dict with `buckets` (one per program call: a chunk, tight ones for a grid that
-        recurs, see `tight_after`; on several devices one per mesh step, run by every device),
+        Returns a dict with `buckets` (one per program call: a chunk, tight ones for a declared
+        grid, see `warmup`, and a request's recurring chunks; on several devices one per mesh step,
+        run by every device),
         `compiled_flops` (the matmuls of those programs as they run: cost.dot_flops, summed over
         devices), `ideal_flops` (analytic: the same matmuls on the real rows only, attention over
         the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled programs' largest temp

@@ -159,3 +159,27 @@ def test_rotary_inside_attention_equals_rotating_first(attend, tile_loops):
     ref = jax.jit(lambda *a: attend(*a, plan, num))(*rotated, v)
     out = jax.jit(lambda *a: attend(*a, plan, num, rotary=(cos, sin)))(q, k, v)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", [[[1, 36, 30]], [[1, 10, 14]], [[1, 6, 6], [1, 4, 4]]], ids=["image", "small", "two"])
+@pytest.mark.parametrize("tight", [True, False], ids=["tight", "ladder"])
+def test_buckets_whose_tiles_cover_them_match_dense(grid, tight):
+    """Real plans whose tiles each cover the whole bucket (K = N, one tile per block: one image in
+    frame-sized blocks, tight or on its rung; small frames whose union K covers): both schedules,
+    rotary inside, equal the dense masked reference; padding rows get zeros."""
+    cfg = dataclasses.replace(QWEN2_5_VL_3B, num_heads=2, width=32)
+    plan = jax.device_put(planlib.make_plans(grid, cfg, planlib.BucketPolicy(tight=tight))[0])
+    b = plan.bucket
+    assert b.key_rows == b.patches and b.tiles == b.patches // b.block
+    n, h, dh, real = b.patches, cfg.num_heads, cfg.head_dim, plan.n_patches
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((n, h, dh)), jnp.float32) for _ in range(3))
+    cos, sin = rotary_cos_sin(jnp.asarray(plan.pos_ids), dh, cfg.rope_theta)
+    seg = np.asarray(plan.segment_ids)
+    rotated = [np.asarray(apply_rotary(x, cos[:, None], sin[:, None])) for x in (q, k)]
+    ref = dense_reference(*rotated, v, seg[:, None] == seg[None, :])  # compared on the real rows
+    for tile_loops in (True, False):
+        num = Numerics("float32", tile_loops=tile_loops)
+        out = np.asarray(jax.jit(lambda *a, num=num: segment_attention(*a, plan, num, rotary=(cos, sin)))(q, k, v))
+        np.testing.assert_allclose(out[:real], ref[:real], rtol=2e-5, atol=2e-6)
+        assert not out[real:].any()

@@ -205,41 +205,82 @@ def test_dot_flops_refuses_loops_without_a_trip_count():
         cost.dot_flops(jaxpr)
 
 
-def test_recurring_grid_gets_a_tight_bucket(enc):
-    """A grid seen before runs in rows rounded to its blocks, not the ladder's next rung: one more
-    program, the same embeddings (padding invariance), and cost_report says so in advance."""
+def test_every_call_of_a_request_gives_the_same_bits(enc):
+    """The default (tight_after=None): a grid encoded again runs the very same program, however
+    often and after whatever else; cost_report agrees with what runs."""
     cfg = enc.cfg
-    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1280 rung, tight 1080 = 3 blocks of 360
-    px = np.random.default_rng(0).standard_normal((1080, cfg.patch_dim)).astype(np.float32)
-    before = enc.compile_count
+    grid = [[1, 36, 30]]  # 1080 patches: the ladder's 1280 rung
+    px = pixels(cfg, grid)
+    first = enc.encode(px, grid)
+    enc.encode(pixels(cfg, [[1, 8, 8]]), [[1, 8, 8]])  # something else in between
+    count = enc.compile_count
+    for _ in range(3):
+        np.testing.assert_array_equal(enc.encode(px, grid), first)
+        assert enc.cost_report(grid)["padded_patches"] == 1280
+    assert enc.compile_count == count  # no tight program appeared
+    assert 1080 not in {b.patches for b in enc.compile_seconds}
+
+
+def test_declared_grid_gets_a_tight_bucket_from_its_first_call():
+    """warmup(grids, tight=True) declares sizes that recur: rows rounded to the grid's blocks, not the
+    ladder's next rung, compiled by the warmup; every encode of the grid then runs that program (the
+    same bits every call), within padding invariance of the ladder's result."""
+    cfg = TINY25
+    grid = [[1, 36, 30]]  # ladder 1280, tight 1080 = 3 blocks of 360
+    px = pixels(cfg, grid)
+    ladder = qvj.VisionEncoder(cfg, random_params(cfg))
+    ref = ladder.encode(px, grid)
+    enc = qvj.VisionEncoder(cfg, random_params(cfg))
+    (bucket,) = enc.warmup([grid], tight=True)
+    assert (bucket.patches, bucket.tiles) == (1080, 3) and enc.compile_count == 1
+    first = enc.encode(px, grid)
+    for _ in range(3):
+        np.testing.assert_array_equal(enc.encode(px, grid), first)
+    assert enc.compile_count == 1 and enc.cost_report(grid)["padded_patches"] == 1080
+    assert np.linalg.norm(first - ref) <= 1e-6 * np.linalg.norm(ref)
+    other = [[1, 30, 36]]  # not declared: the ladder
+    assert enc.cost_report(other)["padded_patches"] == 1280
+    with pytest.raises(ValueError, match="row 0"):
+        enc.warmup([[[1, 3, 3]]], tight=True)
+
+
+def test_tight_after_opts_out_of_the_guarantee():
+    """tight_after=n: a grid encoded n times switches to its tight bucket by itself (one more
+    program); its later calls differ from the first only within padding invariance; at most
+    max_tight_buckets such buckets."""
+    cfg = TINY25
+    grid = [[1, 36, 30]]
+    px = pixels(cfg, grid)
+    enc = qvj.VisionEncoder(cfg, random_params(cfg), tight_after=2)
     assert enc.cost_report(grid)["padded_patches"] == 1280
     first = enc.encode(px, grid)
     assert enc.cost_report(grid)["buckets"][0]["patches"] == 1080
-    outs = [enc.encode(px, grid) for _ in range(7)]
-    assert enc.compile_count == before + 2
+    outs = [enc.encode(px, grid) for _ in range(3)]
+    assert enc.compile_count == 2
     for out in outs:
+        np.testing.assert_array_equal(out, outs[0])
         assert np.linalg.norm(out - first) <= 1e-6 * np.linalg.norm(first)
-    ladder = qvj.VisionEncoder(cfg, random_params(cfg), tight_after=None)
-    ladder.encode(px, grid)
-    assert ladder.cost_report(grid)["padded_patches"] == 1280
+    capped = qvj.VisionEncoder(cfg, random_params(cfg), tight_after=1, max_tight_buckets=0)
+    assert capped.cost_report(grid)["padded_patches"] == 1280
 
 
 def test_chunks_that_recur_within_a_request_get_tight_buckets(enc):
     """A long video cut into equal chunks: those chunks run in a tight bucket from the first encode
-    (one program for all of them), the odd chunk on the ladder; the same embeddings as the ladder."""
+    (one program for all of them), the odd chunk on the ladder; the same embeddings as the ladder,
+    and the same bits on every call (the request alone decides)."""
     cfg = enc.cfg
     policy = qvj.BucketPolicy(max_patches=256)
     grid = [[10, 6, 10]]  # frames of 60 rows: chunks of 4 (240 rows; ladder 256) x 2 + 2 frames
     px = pixels(cfg, grid, seed=3)
     fresh = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy)
-    ladder = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy, tight_after=None)
-    buckets = [b["patches"] for b in fresh.cost_report(grid)["buckets"]]
-    assert buckets == [240, 240, 128] and [b["patches"] for b in ladder.cost_report(grid)["buckets"]] == [256, 256, 128]
-    out, ref = fresh.encode(px, grid), ladder.encode(px, grid)
+    assert [p.bucket.patches for p in qvj.make_plans(grid, cfg, policy)] == [256, 256, 128]  # the ladder's
+    assert [b["patches"] for b in fresh.cost_report(grid)["buckets"]] == [240, 240, 128]
+    out = fresh.encode(px, grid)
+    ref = qvj.VisionEncoder(cfg, random_params(cfg)).encode(px, grid)  # one 768-row ladder chunk
     assert np.linalg.norm(out - ref) <= 1e-6 * np.linalg.norm(ref)
     assert fresh.compile_count == 2  # the tight chunks' program and the last chunk's rung
-    capped = qvj.VisionEncoder(cfg, random_params(cfg), policy=policy, max_tight_buckets=0)
-    assert [b["patches"] for b in capped.cost_report(grid)["buckets"]] == [256, 256, 128]
+    np.testing.assert_array_equal(fresh.encode(px, grid), out)
+    assert fresh.compile_count == 2
 
 
 def test_tight_rows():

@@ -1,45 +1,75 @@
-"""The notebooks execute top to bottom (so they cannot rot) and are stored without outputs."""
+"""Every notebook under notebooks/ executes top to bottom (so it cannot rot) and is stored with the
+outputs of such a run (so a reader on a code host sees them): a fresh execution must give the
+stored outputs up to what varies from run to run (notebooks/execute.py's `signature`: timings and
+other decimal numbers masked, pictures compared by kind). After changing a notebook or what it
+prints, store fresh outputs with `python notebooks/execute.py`."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import pathlib
 import re
-import sys
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbclient")
 
 NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
+_spec = importlib.util.spec_from_file_location("notebooks_execute", NOTEBOOKS / "execute.py")
+runner = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(runner)
+
+_executed: dict[str, object] = {}
 
 
-@pytest.mark.parametrize("name", ["encode.ipynb", "flax_module.ipynb"])
-def test_notebook_is_saved_without_outputs(name):
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    nbformat.validate(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
+def executed(name: str):
+    """notebooks/<name> run in a fresh kernel, once per test session."""
+    if name not in _executed:
+        _executed[name] = runner.execute(NOTEBOOKS / name, timeout=300)
+    return _executed[name]
 
 
-def execute(name: str, tmp_path, monkeypatch) -> tuple[list, str]:
-    """Run notebooks/<name> in a fresh kernel: (its outputs, their stream text)."""
-    # The kernel is started as `python` from PATH: make that this interpreter.
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.delenv("QWEN_VIT_JAX_CKPT", raising=False)  # build the tiny random checkpoint
-    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    nbclient.NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+def text_of(nb) -> str:
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    return outputs, "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
-def test_flax_module_notebook_executes(tmp_path, monkeypatch):
-    _, text = execute("flax_module.ipynb", tmp_path, monkeypatch)
+@pytest.mark.parametrize("path", runner.notebooks(), ids=lambda p: p.name)
+def test_notebook_is_stored_with_fresh_outputs(path):
+    stored = nbformat.read(path, as_version=4)
+    nbformat.validate(stored)
+    code = [cell for cell in stored.cells if cell.cell_type == "code"]
+    assert code and all(cell.execution_count is not None for cell in code), "stored without running it"
+    fresh = executed(path.name)
+    assert runner.signature(fresh) == runner.signature(stored), (
+        f"{path.name}: the stored outputs are stale; run `python notebooks/execute.py`"
+    )
+
+
+def test_signature_masks_timings_and_nothing_else():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print()")]
+    out = nbformat.v4.new_output("stream", name="stdout", text="first call 3.21 s; programs compiled: 1\n")
+    nb.cells[0].outputs = [out]
+    before = runner.signature(nb)
+    out.text = "first call 0.57 s; programs compiled: 1\n"
+    assert runner.signature(nb) == before  # a timing changed
+    nb.cells[0].outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="first call 0.57 s; "),
+        nbformat.v4.new_output("stream", name="stdout", text="programs compiled: 1\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="a warning\n"),
+    ]
+    assert runner.signature(nb) == before  # cut into other chunks, a warning on stderr
+    nb.cells[0].outputs = [out]
+    out.text = "first call 0.57 s; programs compiled: 2\n"
+    assert runner.signature(nb) != before  # a count changed
+    nb.cells[0].outputs = []
+    assert runner.signature(nb) != before  # an output went missing
+
+
+def test_flax_module_notebook_executes():
+    text = text_of(executed("flax_module.ipynb"))
     assert "image tokens equal encode's: max |diff| 0.0e+00" in text
     compiled = re.search(r"programs compiled: (\d+) for (\d+) distinct buckets", text)
     assert compiled and compiled[1] == compiled[2]  # one program per bucket
@@ -47,9 +77,10 @@ def test_flax_module_notebook_executes(tmp_path, monkeypatch):
     assert last < 0.5 * first
 
 
-def test_notebook_executes(tmp_path, monkeypatch):
-    outputs, text = execute("encode.ipynb", tmp_path, monkeypatch)
-    assert "programs compiled: 1" in text and "pixel_values (768, 1176)" in text
+def test_notebook_executes():
+    nb = executed("encode.ipynb")
+    assert "programs compiled: 1" in text_of(nb) and "pixel_values (768, 1176)" in text_of(nb)
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
     images = [o for o in shown if "image/png" in o.data]
     assert len(images) == 3  # the input image, its PCA picture, the video's PCA strip

@@ -3,6 +3,8 @@ splitting, grid validation."""
 
 import dataclasses
 import itertools
+import pathlib
+import re
 
 import jax
 import numpy as np
@@ -705,3 +707,11 @@ def test_validate_ok():
     g = validate_grid(np.array([[2, 4, 6]], np.uint8), QWEN2_5_VL_3B)
     assert g.dtype == np.int64 and g.tolist() == [[2, 4, 6]]
     assert validate_grid([[1, 3, 5]]).tolist() == [[1, 3, 5]]  # without cfg only positivity is checked
+
+
+def test_readme_compile_bound_matches_the_ladder():
+    """The README's compile bound for a stream of distinct images is the ladder's rung count."""
+    text = " ".join((pathlib.Path(__file__).parent.parent / "README.md").read_text().split())
+    m = re.search(r"distinct images of up to (\d+) patches compiles at most (\d+) programs", text)
+    assert m, "the README no longer states the compile bound"
+    assert len(BucketPolicy().rungs(int(m[1]))) == int(m[2])
