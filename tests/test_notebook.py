@@ -79,7 +79,8 @@ def test_flax_module_notebook_executes():
 
 def test_notebook_executes():
     nb = executed("encode.ipynb")
-    assert "programs compiled: 1" in text_of(nb) and "pixel_values (768, 1176)" in text_of(nb)
+    text = text_of(nb)
+    assert "programs compiled: 1" in text and "pixel_values (768, 1176)" in text
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     shown = [o for o in outputs if o.output_type in ("display_data", "execute_result")]
     images = [o for o in shown if "image/png" in o.data]
