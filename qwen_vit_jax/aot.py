@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None, *, prog: str = "qwen-vit-jax aot") -> in
     if args.devices < 1:
         ap.error(f"--devices must be >= 1, got {args.devices}")
     jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compile targets are deviceless
+    jax.config.update("jax_enable_compilation_cache", False)  # a deviceless program cannot be loaded back
     from qwen_vit_jax.cli import parse_sizes
 
     cfg = PRESETS[args.variant] if args.variant else config_of(args.checkpoint)

@@ -195,13 +195,6 @@ def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None)
 
 
 # ---- verify ---------------------------------------------------------------------------------------
-VERIFY_CASES = (  # (description, grid_thw): windows that divide evenly, edge windows, a video
-    ("image 16x16", [[1, 16, 16]]),
-    ("images 10x14 + 4x6 (edge windows)", [[1, 10, 14], [1, 4, 6]]),
-    ("video 3x12x20", [[3, 12, 20]]),
-)
-
-
 def cmd_verify(args) -> int:
     try:
         import torch  # noqa: F401 (only checked: verify without it exits 2)
@@ -236,27 +229,13 @@ def cmd_verify(args) -> int:
     print(
         f"{'dtype':<9} {'case':<34} {'tokens':>6} {'max abs':>9} {'/max|ref|':>9} {'rel err':>9} {'min cos':>9}  result"
     )
-    # All cases in one call on each side (one compiled program per dtype; a mixed batch also
-    # exercises packing), then compared case by case.
-    grids = [np.asarray(g, np.int64) for _, g in VERIFY_CASES]
-    grid = np.concatenate(grids)
-    pixels = np.random.default_rng(args.seed).standard_normal(
-        (int(np.prod(grid, axis=1).sum()), cfg.patch_dim), dtype=np.float32
-    )
-    ref = hf_reference.hf_visual(hf, pixels, grid)
-    cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
     ok = True
-    for dtype, enc in encoders.items():
-        for (name, _), ours, expected in zip(
-            VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts), np.split(ref, cuts)
-        ):
-            m = hf_reference.compare(ours, expected)
-            good = hf_reference.TOLERANCES[dtype].passes(m)
-            ok &= good
-            print(
-                f"{dtype:<9} {name:<34} {len(expected):>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
-                f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}"
-            )
+    for dtype, name, tokens, m, good in hf_reference.verify_cases(hf, encoders, cfg, args.seed):
+        ok &= good
+        print(
+            f"{dtype:<9} {name:<34} {tokens:>6} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
+            f"{m['rel']:>9.2e} {m['min_cos']:>9.6f}  {'PASS' if good else 'FAIL'}"
+        )
     print("bars (docs/numerics.md): " + "; ".join(f"{d} {hf_reference.TOLERANCES[d].describe()}" for d in dtypes))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -460,3 +460,29 @@ def load_hf_vision_tower(hf_dir: str | pathlib.Path):
             state.update({k[len(prefix) :]: f.get_tensor(k) for k in names})
     model.load_state_dict(state, strict=True)
     return model
+
+
+# ---- `qwen-vit-jax verify` ------------------------------------------------------------------------
+VERIFY_CASES = (  # (description, grid_thw): windows that divide evenly, edge windows, a video
+    ("image 16x16", [[1, 16, 16]]),
+    ("images 10x14 + 4x6 (edge windows)", [[1, 10, 14], [1, 4, 6]]),
+    ("video 3x12x20", [[3, 12, 20]]),
+)
+
+
+def verify_cases(hf, encoders: dict, cfg: VisionConfig, seed: int = 0):
+    """HF's tower `hf` vs each of our `encoders` ({dtype: VisionEncoder}) on random pixels for
+    VERIFY_CASES: all cases in one call on each side (one compiled program per dtype; a mixed batch
+    also exercises packing), then compared case by case. Yields (dtype, case, tokens, `compare`'s
+    metrics, whether they pass TOLERANCES[dtype])."""
+    grids = [np.asarray(g, np.int64) for _, g in VERIFY_CASES]
+    grid = np.concatenate(grids)
+    rows = int(np.prod(grid, axis=1).sum())
+    pixels = np.random.default_rng(seed).standard_normal((rows, cfg.patch_dim), dtype=np.float32)
+    ref = hf_visual(hf, pixels, grid)
+    cuts = np.cumsum([int(np.prod(g, axis=1).sum()) // cfg.merge_unit for g in grids])[:-1]
+    for dtype, enc in encoders.items():
+        cases = zip(VERIFY_CASES, np.split(enc.encode(pixels, grid), cuts), np.split(ref, cuts))
+        for (name, _), ours, expected in cases:
+            m = compare(ours, expected)
+            yield dtype, name, len(expected), m, TOLERANCES[dtype].passes(m)

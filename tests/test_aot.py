@@ -47,6 +47,16 @@ def _need(target: str) -> None:
     pytest.skip(f"the {target} compiler is not installed (pip install -e '.[accel]')")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_compilation_cache():
+    """A deviceless program cannot be loaded back from JAX's persistent cache (no client): keep these
+    compiles out of the session's cache (conftest.py), which would only warn on every lookup."""
+    saved = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", saved)
+
+
 @pytest.fixture(scope="module")
 def devices():
     """target -> {count: devices}, each topology made once."""
