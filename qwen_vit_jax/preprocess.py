@@ -269,6 +269,26 @@ def _array_to_uint8(a: np.ndarray, what: str) -> np.ndarray:
     return a.astype(np.uint8)
 
 
+def _image_list(images) -> list | tuple | np.ndarray:
+    """`images` as a sequence of images: one image (a PIL image or a 2-D / 3-D array) becomes a list
+    of one; a list, tuple or 4-D array is a batch. TypeError for anything else, ValueError if empty."""
+    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
+        images = [images]  # one image; a 4-D array is a batch
+    if not isinstance(images, (list, tuple, np.ndarray)):
+        raise TypeError(f"images must be an image or a list of images, got {type(images).__name__}")
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    return images
+
+
+def _family_config(config, default: PreprocessConfig) -> PreprocessConfig:
+    """`config`, or the family's `default` for None; TypeError for anything but a PreprocessConfig."""
+    cfg = default if config is None else config
+    if not isinstance(cfg, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
+    return cfg
+
+
 def _to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
     """One image -> HxWx3 uint8 RGB, converted like HF's `convert_to_rgb`."""
     if isinstance(image, Image.Image):
@@ -364,14 +384,8 @@ def preprocess_images(
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
     cfg = _resolve(config, min_pixels, max_pixels)
-    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
-        images = [images]  # one image; a 4-D array is a batch
-    if not isinstance(images, (list, tuple, np.ndarray)):
-        raise TypeError(f"images must be an image or a list of images, got {type(images).__name__}")
-    if len(images) == 0:
-        raise ValueError("images is empty")
     rows, grids = [], []
-    for i, image in enumerate(images):
+    for i, image in enumerate(_image_list(images)):
         a = _resize(_to_hwc3(image, cfg, f"image {i}"), cfg)
         rows.append(_patchify(a[None, None], cfg))
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
@@ -425,15 +439,9 @@ def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = Non
         rows in raster order per image, images concatenated in order.
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
-    cfg = PADDLEOCR_PREPROCESS if config is None else config
-    if not isinstance(cfg, PreprocessConfig):
-        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
-    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
-        images = [images]
-    if len(images) == 0:
-        raise ValueError("images is empty")
+    cfg = _family_config(config, PADDLEOCR_PREPROCESS)
     rows, grids = [], []
-    for i, image in enumerate(images):
+    for i, image in enumerate(_image_list(images)):
         a = _to_hwc3(image, cfg, f"image {i}")
         size = paddleocr_smart_resize(a.shape[0], a.shape[1], cfg.factor, cfg.min_pixels, cfg.max_pixels)
         a = _resize(a, cfg, size if cfg.do_resize else None)
@@ -493,15 +501,9 @@ def preprocess_glm4v_images(images, *, config: PreprocessConfig | None = None) -
       pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p], images concatenated in order.
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
-    cfg = GLM4V_PREPROCESS if config is None else config
-    if not isinstance(cfg, PreprocessConfig):
-        raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
-    if isinstance(images, Image.Image) or (isinstance(images, np.ndarray) and images.ndim != 4):
-        images = [images]
-    if len(images) == 0:
-        raise ValueError("images is empty")
+    cfg = _family_config(config, GLM4V_PREPROCESS)
     rows, grids = [], []
-    for i, image in enumerate(images):
+    for i, image in enumerate(_image_list(images)):
         a = _to_hwc3(image, cfg, f"image {i}")
         h, w = a.shape[:2]
         size = glm4v_smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.temporal_patch_size)
