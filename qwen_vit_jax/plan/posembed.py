@@ -56,6 +56,28 @@ def _axis_taps(pos, size, side, align_corners):
 
 
 @numba.njit(cache=True)
+def _repeat_frame(idx, wts, first, r, n, t):
+    """Rows first .. first + n - 1 (one frame's taps) copied to the next t - 1 frames from row r
+    (every frame of a video has the same positions); returns the row after them."""
+    for _ in range(1, t):
+        for q in range(n):
+            for k in range(idx.shape[1]):
+                idx[r + q, k] = idx[first + q, k]
+                wts[r + q, k] = wts[first + q, k]
+        r += n
+    return r
+
+
+@numba.njit(cache=True)
+def _zero_rows(idx, wts, r):
+    """Padding rows r .. end: table row 0, weight 0 (a zero position embedding)."""
+    for q in range(r, idx.shape[0]):
+        for k in range(idx.shape[1]):
+            idx[q, k] = 0
+            wts[q, k] = 0.0
+
+
+@numba.njit(cache=True)
 def _fill_interp(grid, side, m, align_corners, idx, wts):
     """idx: int32 [rows, 4], wts: float32 [rows, 4]; first N = sum(t*h*w) rows filled in our row
     order (see the module docstring), rows past N (padding) get index 0 and weight 0."""
@@ -80,17 +102,8 @@ def _fill_interp(grid, side, m, align_corners, idx, wts):
                         wts[r, 2] = hw1 * cw0
                         wts[r, 3] = hw1 * cw1
                         r += 1
-        n = h * w
-        for _ in range(1, t):  # every frame of a video has the same positions
-            for q in range(n):
-                for k in range(4):
-                    idx[r + q, k] = idx[first + q, k]
-                    wts[r + q, k] = wts[first + q, k]
-            r += n
-    for q in range(r, idx.shape[0]):
-        for k in range(4):
-            idx[q, k] = 0
-            wts[q, k] = 0.0
+        r = _repeat_frame(idx, wts, first, r, h * w, t)
+    _zero_rows(idx, wts, r)
 
 
 @numba.njit(cache=True)
@@ -140,17 +153,8 @@ def _fill_bicubic(grid, side, m, align_corners, idx, wts):
                                 idx[r, 4 * a + b] = ht[a] * side + ct[b]
                                 wts[r, 4 * a + b] = hw[a] * cw[b]
                         r += 1
-        n = h * w
-        for _ in range(1, t):  # every frame of a video has the same positions
-            for q in range(n):
-                for k in range(16):
-                    idx[r + q, k] = idx[first + q, k]
-                    wts[r + q, k] = wts[first + q, k]
-            r += n
-    for q in range(r, idx.shape[0]):
-        for k in range(16):
-            idx[q, k] = 0
-            wts[q, k] = 0.0
+        r = _repeat_frame(idx, wts, first, r, h * w, t)
+    _zero_rows(idx, wts, r)
 
 
 def _check_grid(grid_thw, cfg: VisionConfig) -> np.ndarray:
