@@ -456,6 +456,37 @@ def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = Non
 GLM4V_PREPROCESS = PreprocessConfig(min_pixels=112 * 112, max_pixels=28 * 28 * 15000)
 
 
+def smart_resize_3d(
+    num_frames: int, height: int, width: int, temporal_factor: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen3-VL's video smart_resize (also GLM-4V's for an image, which is one temporal patch of
+    frames): like smart_resize, but the pixel bounds are on frames x height x width (frames rounded
+    half to even to a multiple of temporal_factor), and sides under `factor` are first scaled up
+    (truncated). Same arithmetic as HF's, so the same sizes; ValueError where HF raises (fewer frames
+    than temporal_factor, aspect ratio over 200)."""
+    if num_frames < temporal_factor:
+        raise ValueError(
+            f"a Qwen3-VL video needs at least temporal_patch_size = {temporal_factor} frames, got {num_frames}"
+        )
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {height}x{width}")
+    h = round(height / factor) * factor
+    w = round(width / factor) * factor
+    t = round(num_frames / temporal_factor) * temporal_factor
+    if t * h * w > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return int(h), int(w)
+
+
 def glm4v_smart_resize(
     height: int,
     width: int,
@@ -470,24 +501,7 @@ def glm4v_smart_resize(
     for name, v in (("height", height), ("width", width), ("factor", factor)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
             raise ValueError(f"glm4v_smart_resize: {name} must be a positive int, got {v!r}")
-    t = temporal_factor
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if (ratio := max(height, width) / min(height, width)) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio} ({height}x{width})")
-    h = round(height / factor) * factor
-    w = round(width / factor) * factor
-    t_bar = round(t / temporal_factor) * temporal_factor
-    if t_bar * h * w > max_pixels:
-        beta = math.sqrt(t * height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (t * height * width))
-        h = math.ceil(height * beta / factor) * factor
-        w = math.ceil(width * beta / factor) * factor
-    return int(h), int(w)
+    return smart_resize_3d(temporal_factor, height, width, temporal_factor, factor, min_pixels, max_pixels)
 
 
 def preprocess_glm4v_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -69,6 +69,7 @@ from qwen_vit_jax.preprocess import (
     _resize,
     _to_hwc3,
     smart_resize,
+    smart_resize_3d,
 )
 
 VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
@@ -207,36 +208,6 @@ def frame_size(n: int, height: int, width: int, cfg: PreprocessConfig) -> tuple[
     if cfg.cap_pixels_per_frame:  # per frame at most `tokens` merge units, or an even share of the budget
         hi = max(min(tokens * factor * factor, hi // n), int(lo * 1.05)) * n
     return smart_resize_3d(n, height, width, T, factor, lo, hi)
-
-
-def smart_resize_3d(
-    num_frames: int, height: int, width: int, temporal_factor: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """Qwen3-VL's video smart_resize: like smart_resize, but the pixel bounds are on frames x height x
-    width (frames rounded half to even to a multiple of temporal_factor), and sides under `factor` are
-    first scaled up (truncated). Same arithmetic as HF's, so the same sizes; ValueError where HF raises
-    (fewer frames than temporal_factor, aspect ratio over 200)."""
-    if num_frames < temporal_factor:
-        raise ValueError(
-            f"a Qwen3-VL video needs at least temporal_patch_size = {temporal_factor} frames, got {num_frames}"
-        )
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {height}x{width}")
-    h = round(height / factor) * factor
-    w = round(width / factor) * factor
-    t = round(num_frames / temporal_factor) * temporal_factor
-    if t * h * w > max_pixels:
-        beta = math.sqrt(num_frames * height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif t * h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h = math.ceil(height * beta / factor) * factor
-        w = math.ceil(width * beta / factor) * factor
-    return int(h), int(w)
 
 
 def timestamps_of(indices: np.ndarray, source_fps: float | None, total: int, cfg: PreprocessConfig):
