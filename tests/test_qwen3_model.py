@@ -237,17 +237,16 @@ def test_parity_real_size_qwen3_vl(tmp_path):
     t0 = time.perf_counter()
     hf = build_hf_model(cfg, seed=7)
     hf.save_pretrained(tmp_path / "hf")
-    qvj.convert_checkpoint(tmp_path / "hf", tmp_path / "ours")
     grid = np.array([[1, 12, 20]])  # non-square (a swapped h / w would show), 240 patches: CI time
     px = random_pixels(cfg, grid, seed=8)
     ref, ref_feats, _ = hf_outputs(hf, px, grid)
     del hf
-    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "ours", dtype="float32")
+    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="float32")
     tokens, feats = enc.encode(px, grid, return_deepstack=True)
     rel32, max32 = assert_fp32_close(tokens, ref)
     ds32 = [assert_fp32_close(f, r) for f, r in zip(feats, ref_feats, strict=True)]
     del enc
-    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "ours", dtype="bfloat16")
+    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="bfloat16")
     tokens16, feats16 = enc16.encode(px, grid, return_deepstack=True)
     cos16, rel16 = assert_bf16_close(tokens16, ref)
     ds16 = [assert_bf16_close(f, r) for f, r in zip(feats16, ref_feats, strict=True)]
@@ -283,7 +282,7 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
     visual = model.model.visual
     assert len(getattr(visual, "deepstack_merger_list", [])) == cfg.num_deepstack
     qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "ours")
+    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "hf")
     assert enc.preprocess.patch_size == 16 and enc.preprocess.image_mean == (0.5, 0.5, 0.5)
     grid = np.array([[1, 8, 12]])
     px = random_pixels(cfg, grid, seed=2)
