@@ -22,9 +22,13 @@ new sizes, with the XLA compiles they triggered (common.count_compiles) and thei
 The stream part (--stream N, default 10): N distinct single images (h, w even in [8, 36],
 seed 1), each encoded once, in a fresh process per side and round that has compiled nothing:
 the wall time of the whole stream, compiles included (ours: the ladder, no size declared).
+--stream-only skips the timed sizes; --stream-bound adds ours with every stream size declared
+and compiled before the clock (tight buckets): forward time alone, the most any bucket policy
+could save.
 
     python benchmarks/bench_peer.py [--quick] [--sizes 16,36] [--repeats N] [--rounds N]
-        [--stream N] [--easydel-python /work/easydel-venv/bin/python] [--out PATH]
+        [--stream N] [--stream-only] [--stream-bound]
+        [--easydel-python /work/easydel-venv/bin/python] [--out PATH]
 """
 
 from __future__ import annotations
@@ -59,11 +63,15 @@ def stream_sizes(n: int = 10, seed: int = 1, lo: int = 8, hi: int = 36) -> list[
     return out
 
 
-def run_stream(call, p: dict, compiles: dict) -> dict:
+def run_stream(call, p: dict, compiles: dict, declare=None) -> dict:
     """Encode each stream size once, in order, in a process that has compiled nothing yet: the
-    wall time of the whole stream, compiles included (pixels made before the clock starts)."""
+    wall time of the whole stream, compiles included (pixels made before the clock starts).
+    `declare(grids)`, if given, runs before the clock: the bound (ours with every size declared
+    and compiled, its tight bucket: forward time only, no compile and no ladder padding)."""
     grids = [np.array([[1, h, w]]) for h, w in p["stream"]]
     inputs = [(common.random_pixels(g, p["patch_dim"], SEED), g) for g in grids]
+    if declare is not None:
+        declare(grids)
     per, c_start, t_start = [], compiles["count"], time.perf_counter()
     for px, g in inputs:
         c0, t0 = compiles["count"], time.perf_counter()
@@ -163,13 +171,44 @@ def ours_worker(p: dict) -> dict:
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="float32")
     load = time.perf_counter() - t0
     declare = lambda g: enc.warmup([g], tight=True)  # noqa: E731  a size that recurs: its tight bucket
+    warm = lambda grids: enc.warmup(grids, tight=True)  # noqa: E731  the stream's bound: all declared
     return {
         "load_s": load,
         "device": str(jax.devices()[0]),
         "numerics": str(enc.num),
-        **(run_stream(enc.encode, p, compiles) if p.get("stream") else run_sides(enc.encode, p, compiles, declare)),
+        **(
+            run_sides(enc.encode, p, compiles, declare)
+            if not p.get("stream")
+            else run_stream(enc.encode, p, compiles, warm if p.get("bound") else None)
+        ),
         "versions": common.versions("jax", "jaxlib", "flax"),
     }
+
+
+def print_timed(args, sizes: list[int], runs: dict, rows: list, rounds: int, repeats: int) -> None:
+    """The timed sizes' table and the new-size probe's."""
+    print(
+        f"{VARIANT}{' (quick: 2 blocks)' if args.quick else ''} float32, {rounds} round(s) x {repeats} "
+        f"timed calls per side, {runs['ours'][0]['device']}\n"
+    )
+    print(
+        common.markdown_table(
+            ["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)", "rel diff vs ours"], rows
+        )
+    )
+    probe_rows = []
+    for i, (h, w) in enumerate(probe_sides(sizes)):
+        row = [f"{h}x{w}"]
+        for rs in runs.values():
+            pr = rs[0]["probe"][i]
+            row += [pr["compiles"], common.fmt_seconds(pr["first"]), common.fmt_seconds(pr["second"])]
+        probe_rows.append(row)
+    print("\nNew image sizes after warm-up (first process of each side):\n")
+    print(
+        common.markdown_table(
+            ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))], probe_rows
+        )
+    )
 
 
 def hub_layout(hf_dir: str) -> str:
@@ -196,6 +235,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
     ap.add_argument("--stream", type=int, default=10, help="distinct sizes of the stream part (0: skip it)")
+    ap.add_argument("--stream-only", action="store_true", help="run the stream part only")
+    ap.add_argument(
+        "--stream-bound",
+        action="store_true",
+        help="also time ours on the stream with every size declared and compiled before the clock",
+    )
     ap.add_argument("--easydel-python", default="/work/easydel-venv/bin/python")
     ap.add_argument("--quick", action="store_true", help="2-block config, sides 8 and 16, 2 repeats, 1 round")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/peer[-quick].json)")
@@ -229,13 +274,17 @@ def main() -> None:
     for i in range(rounds):
         payload["probe"] = payload["probe"] if i == 0 else []  # new sizes: first round only
         order = ("EasyDeL", "ours") if i % 2 == 0 else ("ours", "EasyDeL")  # sides alternate
-        for impl in order:
+        for impl in order if not args.stream_only else ():
             runs[impl].append(worker(impl, {}))
         for impl in order if stream else ():
             streams[impl].append(worker(impl, {"stream": stream}))  # a fresh process: nothing compiled
+        if stream and args.stream_bound:
+            streams.setdefault("ours, all sizes declared (bound)", []).append(
+                worker("ours", {"stream": stream, "bound": True})
+            )
 
     rows, records = [], []
-    for side in sizes:
+    for side in sizes if not args.stream_only else ():
         med = {
             impl: statistics.median(t for r in rs for t in r["sizes"][str(side)]["times"]) for impl, rs in runs.items()
         }
@@ -263,28 +312,8 @@ def main() -> None:
                 "rel_diff_easydel_vs_ours": rel,
             }
         )
-    print(
-        f"{VARIANT}{' (quick: 2 blocks)' if args.quick else ''} float32, {rounds} round(s) x {repeats} "
-        f"timed calls per side, {runs['ours'][0]['device']}\n"
-    )
-    print(
-        common.markdown_table(
-            ["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)", "rel diff vs ours"], rows
-        )
-    )
-    probe_rows = []
-    for i, (h, w) in enumerate(probe_sides(sizes)):
-        row = [f"{h}x{w}"]
-        for rs in runs.values():
-            pr = rs[0]["probe"][i]
-            row += [pr["compiles"], common.fmt_seconds(pr["first"]), common.fmt_seconds(pr["second"])]
-        probe_rows.append(row)
-    print("\nNew image sizes after warm-up (first process of each side):\n")
-    print(
-        common.markdown_table(
-            ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))], probe_rows
-        )
-    )
+    if not args.stream_only:
+        print_timed(args, sizes, runs, rows, rounds, repeats)
     if stream:
         total = {impl: statistics.median(r["total_s"] for r in rs) for impl, rs in streams.items()}
         print(
@@ -307,7 +336,9 @@ def main() -> None:
                 ],
             )
         )
-    load = {impl: statistics.median(r["load_s"] for r in rs) for impl, rs in runs.items()}
+    load = {
+        impl: statistics.median(r["load_s"] for r in rs) for impl, rs in (streams if args.stream_only else runs).items()
+    }
     print("\nLoad (convert + place weights), median: " + ", ".join(f"{k} {v:.1f} s" for k, v in load.items()))
     common.write_json(
         args.out or common.default_out("peer", args.quick),
