@@ -245,7 +245,7 @@ def test_demo_checkpoint_loads_in_transformers(tmp_path):
     qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
     g = np.array([[1, 8, 12]])
     px = random_pixels(cfg, g, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "hf").encode(px, g)
+    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g)
     assert_fp32_close(tokens, hf_image_features(model.eval(), px, g))
 
 

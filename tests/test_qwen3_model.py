@@ -282,7 +282,7 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
     visual = model.model.visual
     assert len(getattr(visual, "deepstack_merger_list", [])) == cfg.num_deepstack
     qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "hf")
+    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "ours")
     assert enc.preprocess.patch_size == 16 and enc.preprocess.image_mean == (0.5, 0.5, 0.5)
     grid = np.array([[1, 8, 12]])
     px = random_pixels(cfg, grid, seed=2)
