@@ -579,7 +579,6 @@ def attn_worker(p: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from qwen_vit_jax import attention as attn
     from qwen_vit_jax import plan as planlib
     from qwen_vit_jax.attention import segment_attention, window_attention
     from qwen_vit_jax.model import rotary_cos_sin
@@ -626,7 +625,7 @@ def attn_worker(p: dict) -> dict:
     if b.key_rows == b.patches and b.tiles == b.patches // b.block:  # tiles cover the bucket: one frame
         rot = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)  # rotary inside, as the model runs
         variants["segment: tile loops, rotary"] = (
-            lambda q, k, v: attn._tile_loops(q, k, v, plan, num, rot).reshape(h, n, d // h).transpose(1, 0, 2),
+            lambda q, k, v: segment_attention(q, k, v, plan, num, rot),
             seg,
         )
         for name, batched in (("dense per head", False), ("dense batched", True)):

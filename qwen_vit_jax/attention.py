@@ -15,8 +15,9 @@ Segments are isolated even from non-finite values: a NaN or Inf in one image nev
 another image's output (`_finite`).
 
 Both apply the 2-D rotary embedding to q and k themselves (`rotary`), where their schedule reads
-them: on CPU inside each head's gathers and slices, so the rotation costs no pass of its own over
-[N, H, Dh].
+them: window attention on CPU inside each head's slot gathers (no pass of its own over
+[N, H, Dh]); segment attention in one pass before its loops, which then read each head as one
+contiguous [N, Dh] slab.
 
 On GPUs and TPUs the attention core can run in the platform's Pallas kernel instead
 (`Numerics.attention`: attention_gpu.py, attention_tpu.py), with the same inputs and outputs.
@@ -266,35 +267,24 @@ def segment_attention(
     v = _finite(v)
     if num.attention != "xla":
         out = _tiles_by_kernel(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
-    elif num.tile_loops:
-        out = _tile_loops(q, k, v, plan, num, rotary)  # [H, T, B, Dh]
     else:
         if rotary is not None:
             q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
         qkv = (x.transpose(1, 0, 2) for x in (q * dh**-0.5, k, v))  # [H, N, Dh] each
-        out = _tiles_batched(*qkv, plan, num)  # [H, T, B, Dh]
+        out = (_tile_loops if num.tile_loops else _tiles_batched)(*qkv, plan, num)  # [H, T, B, Dh]
     if plan.bucket.tiles > nb:  # each row is in exactly one tile: adding the others' zeros is exact
         out = out[:, :nb].at[:, plan.tile_block[nb:]].add(out[:, nb:])  # [H, NB, B, Dh]
     return out.reshape(h, n, dh).transpose(1, 0, 2)  # [H, N, Dh] -> [N, H, Dh]
 
 
-def _tile_loops(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None):
-    """segment_attention's CPU schedule. q / k / v: [N, H, Dh] (q, k unscaled, rotated here with
-    `rotary` if given) -> [H, T, B, Dh].
-
-    Rotary and the scale run once over all heads, then each head's q / k / v are one contiguous
-    [N, Dh] float32 slab (rounded to the operand dtype per tile, by the dots: so the gradients
-    that several tiles send to one key row add up in float32). Elementwise, so the same bits as
-    rotating each head's strided columns in the loop, and 5-19% faster on full attention's core
-    (benchmarks/RESULTS.md)."""
+def _tile_loops(qh, kh, vh, plan: Plan, num: Numerics):
+    """segment_attention's CPU schedule. qh / kh / vh: [H, N, Dh] float32 (q rotated and scaled, k
+    rotated: one contiguous slab per head, rounded to the operand dtype per tile by the dots, so
+    the gradients that several tiles send to one key row add up in float32) -> [H, T, B, Dh]."""
     block, window = plan.bucket.block, plan.bucket.key_rows
-    nb = q.shape[0] // block
+    nb = qh.shape[1] // block
     segment_ids = plan.segment_ids
     seg = segment_ids.reshape(nb, block)  # [NB, B]
-    if rotary is not None:
-        q, k = (apply_rotary(x, rotary[0][:, None], rotary[1][:, None]) for x in (q, k))
-    q = q * q.shape[-1] ** -0.5
-    heads = tuple(x.transpose(1, 0, 2) for x in (q, k, v))  # [H, N, Dh] each
 
     def tile(qx, kx, vx, t_blk, first, last, r0):  # one head: [N, Dh] each -> [B, Dh]
         sq = seg[t_blk]  # [B]
@@ -308,7 +298,7 @@ def _tile_loops(q, k, v, plan: Plan, num: Numerics, rotary: Rotary | None):
         return o / jnp.maximum(p.sum(axis=-1, keepdims=True), 1e-30)  # exactly 0 outside the tile
 
     tiles = (plan.tile_block, plan.tile_first_frame, plan.tile_last_frame, plan.tile_key_start)  # [T] each
-    return lax.map(lambda x: lax.map(lambda a: tile(*x, *a), tiles), heads)  # [H, T, B, Dh]
+    return lax.map(lambda x: lax.map(lambda a: tile(*x, *a), tiles), (qh, kh, vh))  # [H, T, B, Dh]
 
 
 def _tiles_batched(qh, kh, vh, plan: Plan, num: Numerics):
