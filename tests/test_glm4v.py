@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_real_size, random_pixels
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
@@ -220,18 +220,4 @@ def test_ideal_flops_count_glms_merger(case, encoder):
 def test_parity_real_size(tmp_path):
     """The released GLM-4.1V tower (24 x 1536, a 24 x 24 table, out 4096, merger 13696) on one
     non-square image, fp32 and bf16, against get_image_features."""
-    import time
-
-    t0 = time.perf_counter()
-    hf = build_hf_model(GLM, seed=7)
-    hf.save_pretrained(tmp_path / "hf")
-    g = np.array([[1, 12, 20]])  # 240 patches: CI time
-    px = random_pixels(GLM, g, seed=8)
-    ref = hf_image_features(hf, px, g)
-    del hf
-    rel32, max32 = assert_fp32_close(qvj.VisionEncoder.from_pretrained(tmp_path / "hf").encode(px, g), ref)
-    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="bfloat16")
-    cos16, rel16 = assert_bf16_close(enc16.encode(px, g), ref)
-    print(f"\nglm-4.1v real size fp32: rel {rel32:.3g}, max abs / max|ref| {max32:.3g}")
-    print(f"glm-4.1v real size bf16: min cos {cos16:.5f}, rel {rel16:.3g}")
-    print(f"glm-4.1v real-size test: {time.perf_counter() - t0:.1f} s")
+    check_image_features_real_size(GLM, "glm-4.1v", tmp_path)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_real_size, random_pixels
 from PIL import Image
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
@@ -260,18 +260,4 @@ def test_ideal_flops(encoder):
 def test_parity_real_size(tmp_path):
     """The released PaddleOCR-VL tower and projector (27 x 1152, a 27 x 27 table, out 1024) on one
     non-square image, fp32 and bf16, against get_image_features."""
-    import time
-
-    t0 = time.perf_counter()
-    hf = build_hf_model(PADDLE, seed=7)
-    hf.save_pretrained(tmp_path / "hf")
-    g = np.array([[1, 12, 20]])  # 240 patches: CI time
-    px = random_pixels(PADDLE, g, seed=8)
-    ref = hf_image_features(hf, px, g)
-    del hf
-    rel32, max32 = assert_fp32_close(qvj.VisionEncoder.from_pretrained(tmp_path / "hf").encode(px, g), ref)
-    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="bfloat16")
-    cos16, rel16 = assert_bf16_close(enc16.encode(px, g), ref)
-    print(f"\npaddleocr-vl real size fp32: rel {rel32:.3g}, max abs / max|ref| {max32:.3g}")
-    print(f"paddleocr-vl real size bf16: min cos {cos16:.5f}, rel {rel16:.3g}")
-    print(f"paddleocr-vl real-size test: {time.perf_counter() - t0:.1f} s")
+    check_image_features_real_size(PADDLE, "paddleocr-vl", tmp_path)
