@@ -32,8 +32,7 @@ import av
 import numpy as np
 import torch
 import transformers
-from transformers import Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
-from transformers.image_utils import SizeDict
+from transformers import Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
@@ -110,25 +109,6 @@ def hf_processor(config: dict, call: dict):
     return (Qwen3VLVideoProcessor if qwen3 else Qwen2VLVideoProcessor)(**kw), qwen3
 
 
-def hf_pil_pixels(frames: np.ndarray, h: int, w: int, cfg: PreprocessConfig) -> np.ndarray:
-    """HF's torchvision-free image processor's steps on each frame at size (h, w), then HF's video
-    patchify (as Qwen2VLVideoProcessor.patchify), float32 [gt * gh * gw, patch_dim]."""
-    proc = Qwen2VLImageProcessorPil(image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
-    chw = []
-    for f in frames:
-        x = proc.process_image(f, do_convert_rgb=True)
-        x = super(Qwen2VLImageProcessorPil, proc).resize(x, size=SizeDict(height=h, width=w), resample=proc.resample)
-        chw.append(proc.normalize(proc.rescale(x, proc.rescale_factor), proc.image_mean, proc.image_std))
-    v = torch.from_numpy(np.stack(chw))[None]  # [1, F, C, h, w]
-    T, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
-    if pad := -v.shape[1] % T:
-        v = torch.cat((v, v[:, -1:].expand(-1, pad, -1, -1, -1)), dim=1)
-    b, nf, c = v.shape[:3]
-    gt, gh, gw = nf // T, h // p, w // p
-    x = v.view(b, gt, T, c, gh // m, m, p, gw // m, m, p).permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return x.reshape(gt * gh * gw, c * T * p * p).numpy()
-
-
 def run_case(path: str, frames: np.ndarray, meta: dict, config: dict, call: dict) -> dict:
     proc, qwen3 = hf_processor(config, call)
     hf_kw = {k: call[k] for k in ("fps", "num_frames") if k in call}
@@ -159,7 +139,7 @@ def run_case(path: str, frames: np.ndarray, meta: dict, config: dict, call: dict
     hf_video = out["pixel_values_videos"].numpy()
     cfg = PreprocessConfig.from_hf(config, video=True)
     h, w = grid[1] * cfg.patch_size, grid[2] * cfg.patch_size
-    hf_pil = hf_pil_pixels(frames[indices], h, w, cfg)
+    hf_pil = video_samples.hf_pil_pixels(frames[indices], h, w, cfg)
     ours_kw = {k: call[k] for k in ("fps", "num_frames", "max_frames") if k in call}
     if call.get("cap"):
         cfg = dataclasses.replace(cfg, cap_pixels_per_frame=True)

@@ -15,14 +15,11 @@ import dataclasses
 import json
 import math
 import pathlib
-import warnings
 
 import numpy as np
 import pytest
 import torch
 import video_samples
-from transformers import Qwen2VLImageProcessorPil
-from transformers.image_utils import SizeDict
 
 from qwen_vit_jax.preprocess import PreprocessConfig
 from qwen_vit_jax.video import (
@@ -57,26 +54,6 @@ def config_of(case) -> PreprocessConfig:
 
 def call_of(case) -> dict:
     return {k: case["call"][k] for k in ("fps", "num_frames", "max_frames") if k in case["call"]}
-
-
-def hf_pil_pixels(frames: np.ndarray, h: int, w: int, cfg: PreprocessConfig) -> np.ndarray:
-    """HF's PIL image processor's resize / rescale / normalize per frame at (h, w), then HF's video
-    patchify (Qwen2VLVideoProcessor.patchify transcribed in torch)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proc = Qwen2VLImageProcessorPil(image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
-    chw = []
-    for f in frames:
-        x = proc.process_image(f, do_convert_rgb=True)
-        x = super(Qwen2VLImageProcessorPil, proc).resize(x, size=SizeDict(height=h, width=w), resample=proc.resample)
-        chw.append(proc.normalize(proc.rescale(x, proc.rescale_factor), proc.image_mean, proc.image_std))
-    v = torch.from_numpy(np.stack(chw))[None]  # [1, F, C, h, w]
-    T, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
-    if pad := -v.shape[1] % T:
-        v = torch.cat((v, v[:, -1:].expand(-1, pad, -1, -1, -1)), dim=1)
-    gt, c, gh, gw = v.shape[1] // T, v.shape[2], h // p, w // p
-    x = v.view(1, gt, T, c, gh // m, m, p, gw // m, m, p).permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
-    return x.reshape(gt * gh * gw, c * T * p * p).numpy()
 
 
 # ---- vs the frozen HF reference ------------------------------------------------------------------
@@ -139,7 +116,7 @@ def test_frames_match_hf_pil_image_processor(clips, name, case_index):
     cfg = config_of(case)
     pv, grid, _ = preprocess_video(clips[name], config=cfg, **call_of(case))
     frames = decode_all(clips[name])[case["indices"]]
-    ref = hf_pil_pixels(frames, int(grid[0, 1]) * cfg.patch_size, int(grid[0, 2]) * cfg.patch_size, cfg)
+    ref = video_samples.hf_pil_pixels(frames, int(grid[0, 1]) * cfg.patch_size, int(grid[0, 2]) * cfg.patch_size, cfg)
     assert pv.dtype == np.float32 and pv.shape == ref.shape
     np.testing.assert_array_equal(pv, ref)
     # decoded frames with their rate sample and size the same way

@@ -1,7 +1,8 @@
 """Test videos written with PyAV: moving shapes over a gradient, odd sizes and frame rates.
 
 Shared by the tests and by benchmarks/video_reference.py (HF's video processors in their own venv),
-so both see clips with the same frame counts, rates and sizes. Pixels may differ between PyAV builds
+so both see clips with the same frame counts, rates and sizes, and compare pixels with the same
+HF reference (`hf_pil_pixels`). Pixels may differ between PyAV builds
 (the encoders are not bit-stable across versions), so frozen results hold only what the container's
 metadata decides: sampled indices, grids and timestamps; pixels are compared within one run.
 """
@@ -67,3 +68,31 @@ def write_clip(path: str | os.PathLike, name: str) -> str:
 def write_all(folder: str | os.PathLike) -> dict[str, str]:
     """Every clip of CLIPS into `folder`: name -> path."""
     return {name: write_clip(os.path.join(folder, name + spec[2]), name) for name, spec in CLIPS.items()}
+
+
+def hf_pil_pixels(frames: np.ndarray, h: int, w: int, cfg) -> np.ndarray:
+    """HF's torchvision-free image processor (`Qwen2VLImageProcessorPil`'s resize / rescale /
+    normalize) on each frame at size (h, w), then HF's video patchify (Qwen2VLVideoProcessor.patchify
+    transcribed in torch): float32 [gt * gh * gw, patch_dim]. `cfg`: a PreprocessConfig. Needs torch
+    and transformers (imported here: clip writing does not)."""
+    import warnings
+
+    import torch
+    from transformers import Qwen2VLImageProcessorPil
+    from transformers.image_utils import SizeDict
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proc = Qwen2VLImageProcessorPil(image_mean=list(cfg.image_mean), image_std=list(cfg.image_std))
+    chw = []
+    for f in frames:
+        x = proc.process_image(f, do_convert_rgb=True)
+        x = super(Qwen2VLImageProcessorPil, proc).resize(x, size=SizeDict(height=h, width=w), resample=proc.resample)
+        chw.append(proc.normalize(proc.rescale(x, proc.rescale_factor), proc.image_mean, proc.image_std))
+    v = torch.from_numpy(np.stack(chw))[None]  # [1, F, C, h, w]
+    T, p, m = cfg.temporal_patch_size, cfg.patch_size, cfg.merge_size
+    if pad := -v.shape[1] % T:
+        v = torch.cat((v, v[:, -1:].expand(-1, pad, -1, -1, -1)), dim=1)
+    gt, c, gh, gw = v.shape[1] // T, v.shape[2], h // p, w // p
+    x = v.view(1, gt, T, c, gh // m, m, p, gw // m, m, p).permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return x.reshape(gt * gh * gw, c * T * p * p).numpy()  # [gt*gh*gw, C*T*p*p]
