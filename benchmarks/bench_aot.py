@@ -23,7 +23,7 @@ import common
 def run(args, variant: str, target: str, devices: int, out: pathlib.Path) -> None:
     if out.exists() and args.tables_only:
         return
-    cmd = [sys.executable, "-m", "qwen_vit_jax.cli", "aot", "--variant", variant, "--target", target]
+    cmd = [sys.executable, "-m", "qwen_vit_jax.tools.cli", "aot", "--variant", variant, "--target", target]
     cmd += ["--devices", str(devices), "--dtype", args.dtype, "--json", str(out)]
     common.log(" ".join(cmd[2:]))
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=common.ROOT)

@@ -34,7 +34,7 @@ def worker(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.convert import expected_param_shapes
+    from qwen_vit_jax.weights.keys import expected_param_shapes
 
     compiles = common.count_compiles()
     cfg = common.model_config(p["variant"], p["quick"])

@@ -43,7 +43,7 @@ def seed_cases() -> dict[str, list[list[int]]]:
 
 def worker(p: dict) -> dict:
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.convert import expected_param_shapes
+    from qwen_vit_jax.weights.keys import expected_param_shapes
 
     cfg = common.model_config(p["variant"], p["quick"])
     params = {k: np.zeros(s, np.float32) for k, s in expected_param_shapes(cfg).items()}

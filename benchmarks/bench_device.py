@@ -47,7 +47,7 @@ def run_hf(p: dict) -> dict:
     """Worker: HF's tower on the torch device (cuda if present), one attention implementation."""
     import torch
 
-    from qwen_vit_jax.hf_reference import load_hf_vision_tower
+    from qwen_vit_jax.tools.hf_reference import load_hf_vision_tower
 
     if p["side"] == "hf-fa2":
         try:
@@ -111,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     ckpt = common.checkpoint(__file__, VARIANT, args.quick)
     cases = QUICK_CASES if args.quick else CASES
-    from qwen_vit_jax.config import PRESETS
+    from qwen_vit_jax.presets import PRESETS
 
     patch_dim = PRESETS[VARIANT].patch_dim
     results = {"machine": common.machine_line(), "cases": cases, "runs": {}}

@@ -50,9 +50,9 @@ def seed_cases() -> dict[str, list[list[int]]]:
 
 
 def balance_table() -> list[dict]:
-    from qwen_vit_jax import devices
-    from qwen_vit_jax.config import PRESETS
     from qwen_vit_jax.plan import BucketPolicy
+    from qwen_vit_jax.presets import PRESETS
+    from qwen_vit_jax.runtime import devices
 
     cfg, policy = PRESETS[VARIANT], BucketPolicy()
     rows = []
@@ -99,8 +99,8 @@ def throughput_worker(p: dict) -> dict:
     import jax
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.config import PRESETS
-    from qwen_vit_jax.convert import expected_param_shapes
+    from qwen_vit_jax.presets import PRESETS
+    from qwen_vit_jax.weights.keys import expected_param_shapes
 
     if p["quick"]:
         cfg = common.model_config(VARIANT, quick=True)

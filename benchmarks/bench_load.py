@@ -1,5 +1,5 @@
 """Load time and peak RSS of the real Qwen2.5-VL-3B tower: straight from the HF checkpoint
-directory (converted in memory, sources.py) vs from our converted directory.
+directory (converted in memory, weights/sources.py) vs from our converted directory.
 
     python benchmarks/bench_load.py [--repeats 3] [--dtypes float32,bfloat16]
 
@@ -43,8 +43,8 @@ def load_worker(p: dict) -> dict:
     from flax import nnx
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax import model as _  # noqa: F401 (import cost outside the timing)
-    from qwen_vit_jax import sources as _s  # noqa: F401
+    from qwen_vit_jax.model import vit as _  # noqa: F401 (import cost outside the timing)
+    from qwen_vit_jax.weights import sources as _s  # noqa: F401
 
     jax.devices()
     base = _status_kib("VmRSS")

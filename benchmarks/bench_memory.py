@@ -64,9 +64,9 @@ def analyze(payload: dict) -> dict:
     import numpy as np
 
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.config import PRESETS
-    from qwen_vit_jax.convert import expected_param_shapes
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.presets import PRESETS
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
+    from qwen_vit_jax.weights.keys import expected_param_shapes
 
     cfg = PRESETS[payload["preset"]]
     shapes = expected_param_shapes(cfg)
@@ -104,8 +104,8 @@ def rss(payload: dict) -> dict:
     import numpy as np
 
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.demo import prepare_checkpoint
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
+    from qwen_vit_jax.tools.demo import prepare_checkpoint
 
     m = payload["max_patches"]
     side = int(round(m**0.5))

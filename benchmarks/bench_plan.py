@@ -47,7 +47,7 @@ def seed_cases(seed: int = 0) -> dict[str, list[list[int]]]:
 
 def ours_worker(p: dict) -> dict:
     from qwen_vit_jax import plan
-    from qwen_vit_jax.config import PRESETS
+    from qwen_vit_jax.presets import PRESETS
 
     cfg = PRESETS[VARIANT]
     clear = plan.clear_caches
@@ -72,7 +72,7 @@ def hf_worker(p: dict) -> dict:
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLVisionRotaryEmbedding
 
-    from qwen_vit_jax.config import PRESETS
+    from qwen_vit_jax.presets import PRESETS
 
     c = PRESETS[VARIANT]
     hf_cfg = Qwen2_5_VLVisionConfig(

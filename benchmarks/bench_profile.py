@@ -64,8 +64,8 @@ def _setup(p: dict):
     import jax
 
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.attention import Numerics
-    from qwen_vit_jax.config import PRESETS
+    from qwen_vit_jax.model.numerics import Numerics
+    from qwen_vit_jax.presets import PRESETS
 
     cfg = PRESETS[p.get("variant", VARIANT)]
     policy = planlib.BucketPolicy(tight=p.get("tight", False))  # tight: a declared size's bucket
@@ -151,8 +151,8 @@ def pieces_worker(p: dict) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from qwen_vit_jax.attention import apply_rotary, segment_attention, window_attention
-    from qwen_vit_jax.model import Block, rotary_cos_sin
+    from qwen_vit_jax.model.attention import apply_rotary, segment_attention, window_attention
+    from qwen_vit_jax.model.vit import Block, rotary_cos_sin
 
     cfg, plan, num = _setup(p)
     bucket, reps = plan.bucket, p["repeats"]
@@ -277,7 +277,7 @@ def gap_worker(p: dict) -> dict:
     from flax import nnx
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.model import Block, rotary_cos_sin
+    from qwen_vit_jax.model.vit import Block, rotary_cos_sin
 
     cfg, plan, num = _setup(p)
     graphdef, state = _operand_state(Block(cfg, num, rngs=nnx.Rngs(0)), num)
@@ -321,7 +321,7 @@ def stack_worker(p: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from qwen_vit_jax.attention import Numerics
+    from qwen_vit_jax.model.numerics import Numerics
 
     cfg, plan, _ = _setup({**p, "dtype": "bfloat16"})
     num = Numerics("bfloat16")
@@ -375,7 +375,7 @@ def u16_forward_worker(p: dict) -> dict:
     from flax import nnx
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.model import from_bits, layer_schedule, rotary_cos_sin
+    from qwen_vit_jax.model.vit import from_bits, layer_schedule, rotary_cos_sin
 
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
     g = np.array([[1, p["side"], p["side"]]])
@@ -463,7 +463,7 @@ def mlp_pad_worker(p: dict) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from qwen_vit_jax.model import SwiGLU
+    from qwen_vit_jax.model.vit import SwiGLU
 
     cfg, plan, num = _setup(p)
     n = plan.bucket.patches
@@ -504,7 +504,7 @@ def _window_grouped(q, k, v, plan, num, group: int):
     (the same-window mask keeps the result; more masked scores, larger dots)."""
     import dataclasses
 
-    from qwen_vit_jax.attention import window_attention
+    from qwen_vit_jax.model.attention import window_attention
 
     w, s = plan.window_tokens.shape
     pad = -w % group
@@ -521,7 +521,7 @@ def _window_heads_loop(q, k, v, plan, num):
     import jax
     import jax.numpy as jnp
 
-    from qwen_vit_jax.attention import NEG_INF
+    from qwen_vit_jax.model.attention import NEG_INF
 
     tokens, ids, slot = plan.window_tokens, plan.window_ids, plan.window_slot
     w, s = tokens.shape
@@ -548,7 +548,7 @@ def _one_frame_dense(q, k, v, plan, num, rotary, batched: bool):
     import jax
     import jax.numpy as jnp
 
-    from qwen_vit_jax.attention import NEG_INF, apply_rotary
+    from qwen_vit_jax.model.attention import NEG_INF, apply_rotary
 
     seg = plan.segment_ids  # [N], -1 on padding rows
     mask = (seg[:, None] == seg[None, :]) & (seg >= 0)[:, None]  # [N, N]
@@ -580,8 +580,8 @@ def attn_worker(p: dict) -> dict:
     import jax.numpy as jnp
 
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.attention import segment_attention, window_attention
-    from qwen_vit_jax.model import rotary_cos_sin
+    from qwen_vit_jax.model.attention import segment_attention, window_attention
+    from qwen_vit_jax.model.vit import rotary_cos_sin
 
     cfg, plan, num = _setup(p)
     n, d, h, reps = plan.bucket.patches, cfg.width, cfg.num_heads, p["repeats"]
@@ -676,7 +676,7 @@ def flags_worker(p: dict) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from qwen_vit_jax.model import Block, rotary_cos_sin
+    from qwen_vit_jax.model.vit import Block, rotary_cos_sin
 
     res = {"xla_flags": os.environ.get("XLA_FLAGS", ""), "dots": dots_worker({**p, "shapes": [PEAK_SHAPE]})}
 

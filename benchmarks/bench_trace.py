@@ -81,8 +81,8 @@ def worker(p: dict) -> dict:
     import numpy as np
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.convert import expected_param_shapes
     from qwen_vit_jax.plan import Bucket
+    from qwen_vit_jax.weights.keys import expected_param_shapes
 
     cfg = qvj.PRESETS[p["variant"]]
     rng = np.random.default_rng(0)

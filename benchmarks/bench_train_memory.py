@@ -20,8 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.attention import numerics_for
-from qwen_vit_jax.model import abstract_model
+from qwen_vit_jax.model.numerics import numerics_for
+from qwen_vit_jax.model.vit import abstract_model
 
 
 def main():

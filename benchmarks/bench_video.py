@@ -87,8 +87,8 @@ def child(kind: str, path: str, case: int) -> None:
 
     if kind == "ours":
         sys.path.insert(0, ROOT)
-        from qwen_vit_jax.preprocess import PreprocessConfig
-        from qwen_vit_jax.video import preprocess_video
+        from qwen_vit_jax.preprocess.config import PreprocessConfig
+        from qwen_vit_jax.preprocess.video import preprocess_video
 
         cfg = PreprocessConfig.from_hf(config, video=True)
         t0 = time.perf_counter()

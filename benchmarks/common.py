@@ -216,7 +216,8 @@ def model_config(variant: str, quick: bool = False):
     Qwen3: the real position table, a deepstack tap after block 0 (Qwen3-VL)."""
     import dataclasses
 
-    from qwen_vit_jax.config import PRESETS, QWEN2_5_VL, QWEN3_FAMILY
+    from qwen_vit_jax.families import QWEN2_5_VL, QWEN3_FAMILY
+    from qwen_vit_jax.presets import PRESETS
 
     cfg = PRESETS[variant]
     if not quick:
@@ -257,7 +258,7 @@ def build_checkpoint(p: dict) -> dict:
     import shutil
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.hf_reference import build_hf_model
+    from qwen_vit_jax.tools.hf_reference import build_hf_model
 
     root = pathlib.Path(p["root"])
     tmp = root.with_name(root.name + ".tmp")
@@ -279,8 +280,8 @@ def forward_flops(cfg, grid_thw) -> float:
     """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add): the package's
     `cost.ideal_flops` over the request's real frames and windows (see its docstring for the
     formula). Qwen2.5-VL-3B on [[1, 36, 36]]: 1705.6 GFLOP."""
-    from qwen_vit_jax.cost import ideal_flops
     from qwen_vit_jax.plan import segment_lengths
+    from qwen_vit_jax.runtime.cost import ideal_flops
 
     return ideal_flops(cfg, *segment_lengths(grid_thw, cfg))
 

@@ -38,8 +38,8 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import video_samples  # noqa: E402
 
-from qwen_vit_jax.preprocess import PreprocessConfig  # noqa: E402
-from qwen_vit_jax.video import preprocess_video  # noqa: E402
+from qwen_vit_jax.preprocess.config import PreprocessConfig  # noqa: E402
+from qwen_vit_jax.preprocess.video import preprocess_video  # noqa: E402
 
 # The hub's files. Qwen2-VL / Qwen2.5-VL ship only preprocessor_config.json (HF's video processor
 # falls back to it); Qwen3-VL ships video_preprocessor_config.json.

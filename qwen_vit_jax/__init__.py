@@ -1,4 +1,4 @@
-"""qwen_vit_jax: the Qwen2-VL / Qwen2.5-VL vision tower in JAX + Flax NNX.
+"""qwen_vit_jax: the Qwen vision towers (Qwen2-VL .. Qwen3.5, Qwen4-Exp, MoE, Omni, PaddleOCR-VL, GLM-4V) in JAX.
 
     import qwen_vit_jax as qvj
     qvj.convert_checkpoint(hf_dir, out_dir)
@@ -24,30 +24,30 @@ for importing jax, flax and numba.
 import importlib
 
 _EXPORTS = {
-    "PRESETS": "config",
-    "abstract_model": "aot",
+    "PRESETS": "presets",
+    "abstract_model": "tools.aot",
     "VisionConfig": "config",
-    "convert_checkpoint": "convert",
-    "VisionEncoder": "encoder",
-    "enable_compilation_cache": "encoder",
-    "Embeddings": "embeddings",
-    "read_embeddings": "embeddings",
-    "write_embeddings": "embeddings",
+    "convert_checkpoint": "weights.convert",
+    "VisionEncoder": "runtime.encoder",
+    "enable_compilation_cache": "runtime.encoder",
+    "Embeddings": "data.embeddings",
+    "read_embeddings": "data.embeddings",
+    "write_embeddings": "data.embeddings",
     "Bucket": "plan",
     "BucketPolicy": "plan",
     "Plan": "plan",
     "make_plans": "plan",
     "to_spatial": "plan",
-    "VisionTransformer": "model",
-    "load_model": "model",
-    "export_hf": "export",
-    "add_lora": "lora",
-    "merge_lora": "lora",
-    "PreprocessConfig": "preprocess",
-    "preprocess_images": "preprocess",
-    "preprocess_paddleocr_images": "preprocess",
-    "preprocess_glm4v_images": "preprocess",
-    "preprocess_video": "video",
+    "VisionTransformer": "model.vit",
+    "load_model": "weights.sources",
+    "export_hf": "weights.export",
+    "add_lora": "model.lora",
+    "merge_lora": "model.lora",
+    "PreprocessConfig": "preprocess.config",
+    "preprocess_images": "preprocess.images",
+    "preprocess_paddleocr_images": "preprocess.images",
+    "preprocess_glm4v_images": "preprocess.images",
+    "preprocess_video": "preprocess.video",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

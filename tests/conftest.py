@@ -31,14 +31,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from qwen_vit_jax.demo import TINY
+from qwen_vit_jax.tools.demo import TINY
 
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """(hf_dir, converted_dir) of the demo's tiny Qwen2.5-VL tower (window + full layers)."""
-    from qwen_vit_jax.convert import convert_checkpoint
-    from qwen_vit_jax.demo import write_random_hf_checkpoint
+    from qwen_vit_jax.tools.demo import write_random_hf_checkpoint
+    from qwen_vit_jax.weights.convert import convert_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_ckpt")
     hf = write_random_hf_checkpoint(TINY, root / "hf", seed=0)
@@ -47,7 +47,7 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_encoder(tiny_dirs):
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     return VisionEncoder.from_pretrained(tiny_dirs[1])
 

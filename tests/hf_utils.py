@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.hf_reference import (  # noqa: F401 (re-exported for the tests)
+from qwen_vit_jax.tools.hf_reference import (  # noqa: F401 (re-exported for the tests)
     BFLOAT16,
     FLOAT32,
     build_hf_model,
@@ -53,7 +53,7 @@ def check_image_features_real_size(cfg: VisionConfig, name: str, tmp_path) -> No
     import time
 
     import qwen_vit_jax as qvj
-    from qwen_vit_jax.hf_reference import hf_image_features
+    from qwen_vit_jax.tools.hf_reference import hf_image_features
 
     t0 = time.perf_counter()
     hf = build_hf_model(cfg, seed=7)

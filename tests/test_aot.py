@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import aot
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_5_27B, QWEN3_VL_8B
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_5_27B, QWEN3_VL_8B
+from qwen_vit_jax.tools import aot
 
 SMALL = dict(depth=2, width=64, num_heads=2, intermediate_size=128, out_dim=32)
 TOWERS = {
@@ -151,7 +151,7 @@ def test_aot_command_on_a_checkpoint(tiny_dirs, capsys, devices):
 
 
 def qvj_cli(argv):
-    from qwen_vit_jax.cli import main
+    from qwen_vit_jax.tools.cli import main
 
     return main(argv)
 

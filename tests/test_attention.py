@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.attention import Numerics, apply_rotary, segment_attention, window_attention
-from qwen_vit_jax.config import QWEN2_5_VL_3B
-from qwen_vit_jax.model import rotary_cos_sin
+from qwen_vit_jax.model.attention import apply_rotary, segment_attention, window_attention
+from qwen_vit_jax.model.numerics import Numerics
+from qwen_vit_jax.model.vit import rotary_cos_sin
 from qwen_vit_jax.plan import kernels
+from qwen_vit_jax.presets import QWEN2_5_VL_3B
 
 
 def dense_reference(q, k, v, same):

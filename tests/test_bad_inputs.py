@@ -12,17 +12,14 @@ import numpy as np
 import pytest
 from conftest import make_image
 
-from qwen_vit_jax import cli
-from qwen_vit_jax.config import QWEN2_5_VL_3B, VisionConfig
-from qwen_vit_jax.convert import (
-    CheckpointError,
-    SafetensorsFile,
-    convert_checkpoint,
-    read_hf_vision_params,
-    read_safetensors,
-    write_safetensors,
-)
+from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.plan import make_plans
+from qwen_vit_jax.presets import QWEN2_5_VL_3B
+from qwen_vit_jax.tools import cli
+from qwen_vit_jax.weights.convert import convert_checkpoint
+from qwen_vit_jax.weights.hf_read import read_hf_vision_params
+from qwen_vit_jax.weights.safetensors_io import CheckpointError, SafetensorsFile, read_safetensors, write_safetensors
 
 P = 1176  # patch_dim of the tiny tower (3 * 2 * 14 * 14)
 
@@ -84,9 +81,26 @@ def test_non_contiguous_pixel_values_are_accepted(tiny_encoder):
 
 
 # ---- configs --------------------------------------------------------------------------------------
-def test_unknown_model_type():
-    with pytest.raises(ValueError, match="cannot tell Qwen2-VL from Qwen2.5-VL \\(model_type='llava'"):
-        VisionConfig.from_hf({"model_type": "llava", "hidden_size": 1024})
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "llava", "hidden_size": 1024},
+        {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32},  # a text-only model
+        {"model_type": "clip", "vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 2}},
+    ],
+    ids=["llava", "llama", "clip"],
+)
+def test_another_architecture_is_named_first(config):
+    """model_type is read before any field: a Llama or CLIP checkpoint is named as what it is, not as
+    a Qwen tower with odd sizes."""
+    with pytest.raises(ValueError, match=f"model_type '{config['model_type']}' is not a vision-language model") as e:
+        VisionConfig.from_hf(config)
+    assert "qwen2_5_vl" in str(e.value) and "glm4v" in str(e.value)  # the supported ones are listed
+
+
+def test_vision_config_without_model_type():
+    with pytest.raises(ValueError, match="cannot tell Qwen2-VL from Qwen2.5-VL \\(model_type=''"):
+        VisionConfig.from_hf({"hidden_size": 1024})
 
 
 def test_missing_field_takes_hf_default_and_the_weights_then_disagree(tiny_dirs, tmp_path):
@@ -192,7 +206,7 @@ def test_cli_unreadable_file(capsys, tiny_dirs, tmp_path):
     out = tmp_path / "e.npz"
     rc, err = _main(capsys, "encode", tiny_dirs[1], tmp_path / "a.png", "/proc/self/mem", "-o", out, "--keep-going")
     assert rc == 1 and "warning: skipped /proc/self/mem: " in err and "1 of 2 inputs could not be read" in err
-    assert cli.read_embeddings(out).names == [str(tmp_path / "a.png")]
+    assert read_embeddings(out).names == [str(tmp_path / "a.png")]
 
 
 def test_cli_not_an_image(capsys, tiny_dirs, tmp_path):

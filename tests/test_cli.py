@@ -9,6 +9,8 @@ i.e. a traceback, fails the test), without paying for a fresh jax / torch import
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -18,8 +20,11 @@ import pytest
 from conftest import make_image
 from PIL import Image
 
-from qwen_vit_jax import cli
-from qwen_vit_jax.demo import TINY
+from qwen_vit_jax.data.embeddings import read_embeddings
+from qwen_vit_jax.data.encode_files import load_image
+from qwen_vit_jax.data.stream import Progress
+from qwen_vit_jax.tools import cli
+from qwen_vit_jax.tools.demo import TINY
 
 COMMANDS = ("convert", "export", "encode", "verify", "bench", "demo")
 
@@ -28,7 +33,7 @@ COMMANDS = ("convert", "export", "encode", "verify", "bench", "demo")
 # a machine without them: the runtime (convert, encode, demo) must never need them.
 WITHOUT_TORCH = (
     "import sys; sys.modules.update(torch=None, transformers=None); "
-    "from qwen_vit_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from qwen_vit_jax.tools.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -68,7 +73,7 @@ def test_command_help(capsys, command):
 
 def test_top_level_help_and_console_script():
     exe = shutil.which("qwen-vit-jax")
-    cmd = [exe] if exe else [sys.executable, "-m", "qwen_vit_jax.cli"]  # not pip-installed: the module
+    cmd = [exe] if exe else [sys.executable, "-m", "qwen_vit_jax.tools.cli"]  # not pip-installed: the module
     p = subprocess.run([*cmd, "--help"], check=False, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     for command in COMMANDS:
@@ -120,7 +125,7 @@ def image_dir(tmp_path):
 
 
 def expected(enc, paths):
-    return enc.encode_images([cli.load_image(str(p)) for p in paths])
+    return enc.encode_images([load_image(str(p)) for p in paths])
 
 
 def test_encode_writes_embeddings(tiny_dirs, tiny_encoder, image_dir, tmp_path):
@@ -130,7 +135,7 @@ def test_encode_writes_embeddings(tiny_dirs, tiny_encoder, image_dir, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "encoded 3 inputs" in p.stdout and "3/3 inputs" in p.stderr
 
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     paths = [image_dir / n for n in ("a.png", "b.jpg", "c.webp")]
     assert e.names == [str(p) for p in paths]
     assert e.grid_thw.tolist() == [[1, 4, 6], [1, 8, 6], [1, 6, 6]]
@@ -147,12 +152,12 @@ def test_encode_resume(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path):
     out = tmp_path / "emb.safetensors"
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out)
     assert rc == 0, err
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     make_image(168, 56, seed=4).save(image_dir / "d.bmp")
     rc, stdout, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume")
     assert rc == 0, err
-    assert "3 of 4 inputs already in" in err and "encoded 1 inputs" in stdout
-    e2 = cli.read_embeddings(out)
+    assert "3 of 4 inputs already in" in err and "encoded 1 input (" in stdout
+    e2 = read_embeddings(out)
     assert e2.names == e.names + [str(image_dir / "d.bmp")]
     assert e2.grid_thw.tolist()[-1] == [1, 12, 4] and e2.offsets[-1] == 27 + 12
     np.testing.assert_array_equal(e2.embeddings[:27], e.embeddings)
@@ -169,7 +174,7 @@ def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_p
     with np.load(out, allow_pickle=False) as z:  # plain numpy can read it
         assert sorted(z.files) == ["embeddings", "grid_thw", "metadata", "names", "offsets", "timestamps"]
         assert z["names"].tolist() == [str(image_dir / "c.webp"), str(image_dir / "a.png")]
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     for i, ref in enumerate(expected(tiny_encoder, [image_dir / "c.webp", image_dir / "a.png"])):
         assert np.linalg.norm(e[i] - ref) <= 1e-6 * np.linalg.norm(ref)
 
@@ -197,10 +202,10 @@ def test_encode_stops_at_an_unreadable_image(capsys, tiny_dirs, image_dir, tmp_p
     out = tmp_path / "emb.npz"
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--batch-patches", "24")  # one per call
     assert_clean_error(rc, err, f"cannot read {image_dir / 'b2.png'}: UnidentifiedImageError", "--keep-going")
-    assert cli.read_embeddings(out).names == [str(image_dir / n) for n in ("a.png", "b.jpg")]
+    assert read_embeddings(out).names == [str(image_dir / n) for n in ("a.png", "b.jpg")]
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume", "--keep-going")
     assert_clean_error(rc, err, "1 of 2 inputs could not be read")
-    assert cli.read_embeddings(out).names[-1] == str(image_dir / "c.webp")
+    assert read_embeddings(out).names[-1] == str(image_dir / "c.webp")
     (image_dir / "b2.png").unlink()
     rc, _, err = main(capsys, "encode", ckpt, image_dir / "b2.png", "-o", tmp_path / "x.npz")
     assert_clean_error(rc, err, "input not found")
@@ -221,13 +226,13 @@ def test_encode_skips_unreadable_images(capsys, tiny_dirs, image_dir, tmp_path):
     assert_clean_error(rc, err, "2 of 5 inputs could not be read")
     assert f"warning: skipped {image_dir / 'broken.png'}:" in err
     assert f"warning: skipped {image_dir / 'strip.png'}:" in err and "aspect ratio" in err
-    assert len(cli.read_embeddings(out).names) == 3
+    assert len(read_embeddings(out).names) == 3
 
     make_image(56, 56).save(image_dir / "broken.png")
     (image_dir / "strip.png").unlink()
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", out, "--resume")
     assert rc == 0, err
-    assert cli.read_embeddings(out).names[-1] == str(image_dir / "broken.png")
+    assert read_embeddings(out).names[-1] == str(image_dir / "broken.png")
 
 
 def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_path, monkeypatch):
@@ -248,12 +253,12 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
     out = tmp_path / "emb.npz"
     # one image per call: a.png is 24 patches, the others more
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")
-    assert_clean_error(rc, err, "interrupted: 1 new inputs written")
-    assert cli.read_embeddings(out).names == [str(image_dir / "a.png")]
+    assert_clean_error(rc, err, "interrupted: 1 new input written")
+    assert read_embeddings(out).names == [str(image_dir / "a.png")]
     monkeypatch.undo()
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--resume")
     assert rc == 0, err
-    assert len(cli.read_embeddings(out).names) == 3
+    assert len(read_embeddings(out).names) == 3
 
 
 # ---- several processes -------------------------------------------------------------------------------
@@ -316,7 +321,7 @@ def test_encode_two_processes_equals_one(capsys, tiny_dirs, image_dir, tmp_path)
     ref_path = tmp_path / "ref.safetensors"
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", ref_path)  # one process, one device
     assert rc == 0, err
-    ref = cli.read_embeddings(ref_path)
+    ref = read_embeddings(ref_path)
 
     out = tmp_path / "emb.safetensors"
     results = run_processes(2, "encode", ckpt, image_dir, "-o", out)
@@ -325,9 +330,9 @@ def test_encode_two_processes_equals_one(capsys, tiny_dirs, image_dir, tmp_path)
     shards = [tmp_path / "emb-00000-of-00002.safetensors", tmp_path / "emb-00001-of-00002.safetensors"]
     assert all(p.is_file() for p in shards) and (tmp_path / "emb.safetensors.index.json").is_file()
     assert not out.exists()
-    parts = [cli.read_embeddings(p) for p in shards]
+    parts = [read_embeddings(p) for p in shards]
     assert len(parts[0]) and len(parts[1])  # both processes had work
-    got = cli.read_embeddings(out)
+    got = read_embeddings(out)
     assert got.names == ref.names and got.names == parts[0].names + parts[1].names
     np.testing.assert_array_equal(got.grid_thw, ref.grid_thw)
     np.testing.assert_array_equal(got.offsets, ref.offsets)
@@ -339,8 +344,8 @@ def test_encode_two_processes_equals_one(capsys, tiny_dirs, image_dir, tmp_path)
     assert [rc for rc, _ in results] == [0, 0], results
     assert f"resume: {len(parts[0])} of 5 inputs already in" in results[0][1]
     assert "process 0 of 2: 0 of" in results[0][1]
-    np.testing.assert_array_equal(cli.read_embeddings(shards[0]).embeddings, parts[0].embeddings)
-    again = cli.read_embeddings(out)
+    np.testing.assert_array_equal(read_embeddings(shards[0]).embeddings, parts[0].embeddings)
+    again = read_embeddings(out)
     assert again.names == ref.names
     np.testing.assert_array_equal(again.embeddings, got.embeddings)
 
@@ -376,12 +381,12 @@ def test_progress_bar_counts_and_rate():
             return True
 
     s = Tty()
-    p = cli.Progress(4, stream=s)
+    p = Progress(4, stream=s)
     p.update_to(4)
     p.close()
     assert "\r[" in s.getvalue() and "4/4 images" in s.getvalue() and "images/s" in s.getvalue()
     s = io.StringIO()
-    p = cli.Progress(4, stream=s)
+    p = Progress(4, stream=s)
     p.update_to(1)  # not a terminal: no line until 10 s have passed or it finishes
     p.update_to(4)
     p.update_to(4)
@@ -432,8 +437,8 @@ def test_random_checkpoint_matches_transformers_layout(hf_saved, tiny_dirs):
     """demo.write_random_hf_checkpoint writes the keys, shapes and config HF itself writes."""
     from transformers import AutoConfig
 
-    from qwen_vit_jax.convert import read_safetensors
-    from qwen_vit_jax.demo import random_hf_tensors
+    from qwen_vit_jax.tools.demo import random_hf_tensors
+    from qwen_vit_jax.weights.safetensors_io import read_safetensors
 
     model, hf_dir = hf_saved
     ours = {k: v.shape for k, v in random_hf_tensors(TINY).items()}
@@ -476,15 +481,25 @@ def test_demo(tmp_path):
         assert im.format == "PNG" and im.mode == "RGB" and im.width > 400
     assert (tmp_path / "cache" / "demo-tiny" / "converted" / "params.safetensors").is_file()
     assert not (tmp_path / "unused").exists()
+    # The README's demo block is this output: the same lines, numbers and paths aside (the numba line
+    # shows only on a first run after an install).
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("$ qwen-vit-jax demo\n", 1)[1].split("```", 1)[0]
+
+    def shape(text):
+        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("host planner:")]
+        return [re.sub(r"\d[\d,.]*|(?:~|/)\S*", "#", ln) for ln in lines]
+
+    assert shape(block) == shape(p.stdout.replace(str(out), "qwen_vit_jax_demo.png"))
 
 
 def test_demo_variant_qwen3_vl(tmp_path, capsys):
     """--variant qwen3-vl: the demo runs (without torch) on a random Qwen3-VL checkpoint in its own
     cache folder, with the hub's Qwen3 preprocessor; `verify` checks it against HF's Qwen3-VL
     tower; sizes a variant lacks are a clean error."""
-    from qwen_vit_jax.convert import load_converted
-    from qwen_vit_jax.demo import TINY_QWEN3_VL, demo_config, prepare_checkpoint
-    from qwen_vit_jax.preprocess import QWEN3_VL_PREPROCESS, PreprocessConfig
+    from qwen_vit_jax.preprocess.config import QWEN3_VL_PREPROCESS, PreprocessConfig
+    from qwen_vit_jax.tools.demo import TINY_QWEN3_VL, demo_config, prepare_checkpoint
+    from qwen_vit_jax.weights.convert import load_converted
 
     out = tmp_path / "demo.png"
     p = run("demo", "--variant", "qwen3-vl", "--cache-dir", tmp_path, "--out", out)  # no torch

@@ -20,10 +20,11 @@ from flax import nnx
 from hf_utils import assert_fp32_close, build_hf_model
 from transformers import vision_utils as hf_index
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B, VisionConfig
-from qwen_vit_jax.convert import RULES
-from qwen_vit_jax.model import model_from_params, rotary_cos_sin
+from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.model.vit import model_from_params, rotary_cos_sin
 from qwen_vit_jax.plan import make_plan, rotary_ids
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.weights.keys import RULES
 
 # Qwen2.5-VL: block 0 window attention, block 1 full; windows of 4 x 4 merge units (window_size 112).
 CFGS = {

@@ -21,14 +21,15 @@ transformers = pytest.importorskip("transformers")
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file as torch_load_file  # noqa: E402
 
-from qwen_vit_jax import convert  # noqa: E402
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_7B, VisionConfig  # noqa: E402
-from qwen_vit_jax.convert import (  # noqa: E402
+from qwen_vit_jax.config import VisionConfig  # noqa: E402
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_7B  # noqa: E402
+from qwen_vit_jax.weights import convert, hf_read, keys  # noqa: E402
+from qwen_vit_jax.weights.convert import convert_checkpoint, load_converted  # noqa: E402
+from qwen_vit_jax.weights.hf_read import read_hf_vision_params  # noqa: E402
+from qwen_vit_jax.weights.keys import expected_param_shapes  # noqa: E402
+from qwen_vit_jax.weights.safetensors_io import (  # noqa: E402
     CheckpointError,
-    convert_checkpoint,
-    expected_param_shapes,
-    load_converted,
-    read_hf_vision_params,
+    SafetensorsFile,
     read_safetensors,
     write_safetensors,
 )
@@ -262,12 +263,12 @@ def test_sharded_reads_only_vision_shards(ckpts, tmp_path, monkeypatch, variant)
         (d / f).unlink()
     opened = []
 
-    class Spy(convert.SafetensorsFile):
+    class Spy(hf_read.SafetensorsFile):
         def __init__(self, path):
             opened.append(pathlib.Path(path).name)
             super().__init__(path)
 
-    monkeypatch.setattr(convert, "SafetensorsFile", Spy)
+    monkeypatch.setattr(hf_read, "SafetensorsFile", Spy)
     cfg, params = read_hf_vision_params(d)
     assert sorted(opened) == sorted(vision_files)
     assert_params_equal(params, expected_ours(c.sd32, variant))
@@ -405,6 +406,22 @@ def test_writer_round_trip(tmp_path):
         np.testing.assert_array_equal(_torch_bytes(ref[k]), ours[k].reshape(-1).view(np.uint8), err_msg=k)
     with pytest.raises(ValueError, match="complex"):
         write_safetensors(tmp_path / "bad.safetensors", {"x": np.zeros(2, np.complex64)})
+
+
+def test_writer_is_deterministic_across_processes(tmp_path):
+    """The same tensors and metadata give the same bytes in another process (the package's own
+    writer orders metadata by a per-process hash seed; ours sorts it)."""
+    code = (
+        "import sys, numpy as np; from qwen_vit_jax.weights.safetensors_io import write_safetensors; "
+        "write_safetensors(sys.argv[1], {'b': np.ones(3), 'a': np.zeros(2, np.float32)}, "
+        "{k: str(i) for i, k in enumerate('zyxwvuts')} | {'names': chr(233) + chr(34)})"
+    )
+    paths = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for p in paths:
+        subprocess.run([sys.executable, "-c", code, str(p)], check=True)
+    assert len({p.read_bytes() for p in paths}) == 1
+    meta = SafetensorsFile(paths[0]).metadata  # parsed in the file's order
+    assert list(meta) == sorted(meta) and meta["names"] == '\u00e9"'
 
 
 def _raw_safetensors(path, header, data=b"", length=None):
@@ -553,8 +570,9 @@ def test_bad_tensors(make_ckpt, tmp_path, case):
 
 
 def test_a_param_filled_twice_is_an_error(make_ckpt, tmp_path, monkeypatch):
-    alias = convert.Rule(convert._B + r"norm1\.alias", "blocks.norm1.scale", convert._identity, "D", "D")
-    monkeypatch.setattr(convert, "RULES", convert.RULES + (alias,))
+    alias = keys.Rule(keys._B + r"norm1\.alias", "blocks.norm1.scale", keys._identity, "D", "D")
+    monkeypatch.setattr(hf_read, "RULES", keys.RULES + (alias,))
+    monkeypatch.setattr(keys, "RULES", keys.RULES + (alias,))
     d = make_ckpt(_set("visual.blocks.1.norm1.alias", ROW))
     _expect_failure(d, tmp_path / "parent", CheckpointError, "blocks.norm1.scale[1] already filled")
 

@@ -20,9 +20,9 @@ import sys
 import numpy as np
 import pytest
 
-from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.demo import TINY
+from qwen_vit_jax.runtime import devices as devlib
+from qwen_vit_jax.tools.demo import TINY
 
 # (name, grid_thw, max_patches of the policy): images and videos, [1, 40, 36] larger than any
 # other frame; two frames on four devices; a request of several rounds (budget 256 rows / device).
@@ -116,7 +116,7 @@ def test_pad_plan_is_exact(tiny_encoder):
 def test_device_arguments(tiny_dirs):
     import jax
 
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     with pytest.raises(ValueError, match="either device= or devices="):
         VisionEncoder.from_pretrained(tiny_dirs[1], device=jax.devices()[0], devices=jax.devices())
@@ -151,7 +151,7 @@ def _child(ckpt: str) -> None:
     """Run in a process with 4 host devices: print one JSON line of errors vs one device."""
     import jax
 
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     assert len(jax.devices()) == 4, jax.devices()
     out = {"devices": len(jax.devices()), "cases": {}}

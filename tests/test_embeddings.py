@@ -12,8 +12,11 @@ from conftest import make_image
 from PIL import Image
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import batching, embeddings, multihost
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images
+from qwen_vit_jax.data import embeddings
+from qwen_vit_jax.data.encode_files import image_patches
+from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.images import preprocess_images
+from qwen_vit_jax.runtime import batching, multihost
 
 META = {
     "format": embeddings.FORMAT,
@@ -81,9 +84,6 @@ def test_round_trip_and_public_names(tmp_path, suffix):
     assert got.metadata == e.metadata and len(got) == 3
     assert embeddings.read_names(tmp_path / f"e{suffix}") == e.names
     np.testing.assert_array_equal(got[1], e.embeddings[e.offsets[1] : e.offsets[2]])
-    from qwen_vit_jax import cli
-
-    assert cli.read_embeddings is qvj.read_embeddings  # the old import path keeps working
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
@@ -161,16 +161,18 @@ def test_image_patches_from_headers(tmp_path):
     for i, (h, w) in enumerate([(56, 84), (300, 450), (40, 40), (1000, 30)]):
         make_image(h, w, seed=i).save(tmp_path / f"{i}.png")
         expected = len(preprocess_images([make_image(h, w, seed=i)], config=cfg)[0])
-        assert multihost.image_patches(str(tmp_path / f"{i}.png"), cfg) == expected
+        assert image_patches(str(tmp_path / f"{i}.png"), cfg) == expected
     rotated = make_image(56, 140)
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90: the decoded image is 140 x 56
     rotated.save(tmp_path / "r.jpg", exif=exif)
-    assert multihost.image_patches(str(tmp_path / "r.jpg"), cfg) == 10 * 4
+    assert image_patches(str(tmp_path / "r.jpg"), cfg) == 10 * 4
     (tmp_path / "bad.png").write_bytes(b"nope")
-    assert multihost.image_patches(str(tmp_path / "bad.png"), cfg) == 0
+    assert image_patches(str(tmp_path / "bad.png"), cfg) == 0
     paths = [str(tmp_path / f"{i}.png") for i in range(4)]
-    shares = [multihost.share(paths, cfg, multihost.Cluster(index=i, count=2)) for i in range(2)]
+    shares = [
+        multihost.share(paths, multihost.Cluster(index=i, count=2), lambda p: image_patches(p, cfg)) for i in range(2)
+    ]
     assert shares[0] + shares[1] == paths
 
 

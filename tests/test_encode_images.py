@@ -13,7 +13,7 @@ import pytest
 from conftest import make_image
 
 from qwen_vit_jax import VisionEncoder, preprocess_images, preprocess_video
-from qwen_vit_jax.preprocess import PreprocessConfig
+from qwen_vit_jax.preprocess.config import PreprocessConfig
 
 # (height, width) in pixels: squares, odd sizes (resized to multiples of 28), a wide strip, one
 # below min_pixels (scaled up). Patches: 64, 80, 256, 88, 16, 60.

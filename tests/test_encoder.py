@@ -10,8 +10,9 @@ import pytest
 from flax import nnx
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, QWEN2_VL_2B
-from qwen_vit_jax.model import abstract_model
+from qwen_vit_jax.families import QWEN2_5_VL
+from qwen_vit_jax.model.vit import abstract_model
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 TINY25 = dataclasses.replace(
     QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24, fullatt_block_indexes=(1,)
@@ -122,7 +123,7 @@ def test_temp_memory_grows_linearly(enc):
     ],
 )
 def test_layer_schedule(layers, runs, groups):
-    from qwen_vit_jax.model import layer_schedule
+    from qwen_vit_jax.model.vit import layer_schedule
 
     assert layer_schedule(layers) == (runs, groups)
     assert tuple(f for f, n in runs for _ in range(n)) * groups == layers
@@ -172,17 +173,17 @@ def check_cache_roundtrip(tmp_path, events):
 def test_compiled_flops_count_the_program_that_runs(cfg, tile_loops):
     """cost.dot_flops on the scanned forward (layer scans, tile loops: bodies times trip counts)
     equals the matmul FLOPs of the padded shapes written out by hand."""
-    from qwen_vit_jax import cost
-    from qwen_vit_jax.attention import Numerics
-    from qwen_vit_jax.encoder import _input_specs
-    from qwen_vit_jax.model import VisionTransformer
+    from qwen_vit_jax.model.numerics import Numerics
+    from qwen_vit_jax.model.vit import VisionTransformer
     from qwen_vit_jax.plan import make_plans
+    from qwen_vit_jax.runtime import cost
+    from qwen_vit_jax.runtime.program import input_specs
 
     model = VisionTransformer(cfg, Numerics(tile_loops=tile_loops), rngs=nnx.Rngs(0))
     for grid in ([[1, 16, 16]], [[3, 8, 12], [1, 10, 14]]):
         (plan,) = make_plans(grid, cfg)
         b = plan.bucket
-        traced = jax.jit(lambda px, p: model(px, p)).trace(*_input_specs(cfg, b, "float32"))
+        traced = jax.jit(lambda px, p: model(px, p)).trace(*input_specs(cfg, b, "float32"))
         d, n = cfg.width, b.patches
         mlp = (3 if cfg.variant == QWEN2_5_VL else 2) * 2 * d * cfg.intermediate_size
         per_row = 2 * cfg.patch_dim * d + cfg.depth * (2 * d * 3 * d + 2 * d * d + mlp)
@@ -196,7 +197,7 @@ def test_compiled_flops_count_the_program_that_runs(cfg, tile_loops):
 
 
 def test_dot_flops_refuses_loops_without_a_trip_count():
-    from qwen_vit_jax import cost
+    from qwen_vit_jax.runtime import cost
 
     jaxpr = jax.make_jaxpr(lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ c[1]), (0, x)))(
         np.eye(4, dtype=np.float32)
@@ -301,7 +302,7 @@ def test_tight_rows():
 def test_bf16_weight_stacks_held_as_bits_are_exact():
     """The encoder holds bf16 block stacks as uint16 bits (model.as_bits): the forward reads them
     back exactly, so its tokens equal the plain bf16 model's."""
-    from qwen_vit_jax.model import from_bits
+    from qwen_vit_jax.model.vit import from_bits
 
     cfg = TINY25
     enc = qvj.VisionEncoder(cfg, random_params(cfg), dtype="bfloat16", tight_after=None)

@@ -24,9 +24,9 @@ from hf_utils import assert_fp32_close, build_hf_model, hf_visual, random_pixels
 from safetensors.torch import load_file, save_file
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import export
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_VL_8B
-from qwen_vit_jax.safetensors_io import SafetensorsFile
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_VL_8B
+from qwen_vit_jax.weights import export
+from qwen_vit_jax.weights.safetensors_io import SafetensorsFile
 
 CONFIGS = {
     "q25": dataclasses.replace(
@@ -164,7 +164,7 @@ def test_export_after_a_change_loads_in_hf_and_matches(checkpoints, tmp_path, na
 
 
 def test_cli_export_and_failures(checkpoints, tmp_path, capsys, monkeypatch):
-    from qwen_vit_jax import cli
+    from qwen_vit_jax.tools import cli
 
     _, src = checkpoints["q25", "float32"]
     conv = qvj.convert_checkpoint(src, tmp_path / "conv")
@@ -220,7 +220,7 @@ def test_like_may_be_a_cached_hub_id(checkpoints, tmp_path, monkeypatch):
 
 def test_mlp_padded_for_tpu_is_cropped(checkpoints, tmp_path):
     """A TPU tower holds the MLP hidden width rounded up with zero rows / columns: exported as HF's."""
-    from qwen_vit_jax.sources import load_source
+    from qwen_vit_jax.weights.sources import load_source
 
     _, src = checkpoints["q25", "float32"]
     cfg, params, _ = load_source(src)

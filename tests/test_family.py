@@ -21,10 +21,13 @@ from conftest import make_image
 from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import convert
-from qwen_vit_jax.config import PRESETS, QWEN2_5_VL_3B, QWEN3_5, QWEN3_VL_8B, VisionConfig
-from qwen_vit_jax.demo import HUB_PREPROCESSOR, HUB_PREPROCESSOR_QWEN3
-from qwen_vit_jax.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.families import QWEN3_5
+from qwen_vit_jax.presets import PRESETS, QWEN2_5_VL_3B, QWEN3_VL_8B
+from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR, HUB_PREPROCESSOR_QWEN3
+from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.weights import hf_read, keys
+from qwen_vit_jax.weights.safetensors_io import CheckpointError
 
 # head_dim 16, a 6 x 6 position table, deepstack taps on inner blocks (1 and 2 of 4)
 TINY_Q3 = dataclasses.replace(
@@ -95,11 +98,11 @@ def test_checkpoint_layout_and_converter(case):
     assert config["model_type"] == name
     nested = config["thinker_config"] if name in ("qwen3_omni_moe", "qwen2_5_omni") else config
     assert nested["vision_config"]["model_type"].startswith(name)
-    where, _ = convert.locate_tensors(root / "hf")
-    assert convert.vision_prefix(where, root / "hf") == PREFIX[name]
-    assert convert.key_layout(cfg) == (name if "omni" in name else convert.NATIVE)
-    _, params = convert.read_hf_vision_params(root / "hf")
-    assert {k: v.shape for k, v in params.items()} == convert.expected_param_shapes(cfg)
+    where, _ = hf_read.locate_tensors(root / "hf")
+    assert hf_read.vision_prefix(where, root / "hf") == PREFIX[name]
+    assert keys.key_layout(cfg) == (name if "omni" in name else keys.NATIVE)
+    _, params = hf_read.read_hf_vision_params(root / "hf")
+    assert {k: v.shape for k, v in params.items()} == keys.expected_param_shapes(cfg)
     state = {k: v.numpy() for k, v in hf_tower(hf).state_dict().items()}
     if name == "qwen2_5_omni":  # q, k, v fused into our qkv: columns q | k | v
         for i in range(cfg.depth):
@@ -212,8 +215,8 @@ def test_family_field():
 
 def test_converter_errors_name_the_key(tmp_path):
     """An Omni checkpoint with a stray key, or with one of q / k / v missing, names it."""
-    from qwen_vit_jax.demo import random_hf_tensors
-    from qwen_vit_jax.safetensors_io import write_safetensors
+    from qwen_vit_jax.tools.demo import random_hf_tensors
+    from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
     cfg = CONFIGS["qwen2_5_omni"]
     tensors = random_hf_tensors(cfg, seed=0)
@@ -231,16 +234,16 @@ def test_converter_errors_name_the_key(tmp_path):
         change(t)
         write_safetensors(d / "model.safetensors", t, {"format": "pt"})
         (d / "config.json").write_text(json.dumps(hf_config(cfg)))
-        with pytest.raises(convert.CheckpointError, match=r"blocks\.(0\.attn\.qkv\.weight|2\.attn\.v\.bias)"):
-            convert.read_hf_vision_params(d)
+        with pytest.raises(CheckpointError, match=r"blocks\.(0\.attn\.qkv\.weight|2\.attn\.v\.bias)"):
+            hf_read.read_hf_vision_params(d)
 
 
 @pytest.mark.parametrize("variant", ["qwen3-vl-moe", "qwen3.5-moe", "qwen4-exp", "qwen3-omni", "qwen2.5-omni"])
 def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
     """`demo --variant` writes the family's layout: HF's own model class loads every vision key of
     it (no missing, no unexpected), and our encode of it matches HF's get_image_features."""
-    from qwen_vit_jax.demo import VARIANTS, write_random_hf_checkpoint
-    from qwen_vit_jax.hf_reference import _hf_classes
+    from qwen_vit_jax.tools.demo import VARIANTS, write_random_hf_checkpoint
+    from qwen_vit_jax.tools.hf_reference import _hf_classes
 
     cfg = VARIANTS[variant]["tiny"]
     hf_dir = write_random_hf_checkpoint(cfg, tmp_path / "hf", seed=1)

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils as hf
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B, VisionConfig
+from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.plan import (
     BucketPolicy,
     frame_cu_seqlens,
@@ -37,6 +37,7 @@ from qwen_vit_jax.plan import (
     split_grid,
     window_index,
 )
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 _COMMON = dict(
     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]

@@ -22,12 +22,14 @@ from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import convert
-from qwen_vit_jax.config import PRESETS, VisionConfig
-from qwen_vit_jax.demo import HUB_PREPROCESSOR_GLM4V
-from qwen_vit_jax.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower, hf_visual
+from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights
-from qwen_vit_jax.preprocess import GLM4V_PREPROCESS, PreprocessConfig, preprocess_glm4v_images
+from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PreprocessConfig
+from qwen_vit_jax.preprocess.images import preprocess_glm4v_images
+from qwen_vit_jax.presets import PRESETS
+from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_GLM4V
+from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower, hf_visual
+from qwen_vit_jax.weights import hf_read, keys
 
 GLM = PRESETS["glm-4.1v-9b"]
 # head_dim 16, a 6 x 6 table (image_size 84 / patch 14), block MLP = out 48, merger SwiGLU 80
@@ -143,8 +145,8 @@ def test_parity_bf16(case):
 
 def test_converter_downsample_and_merger(case):
     name, cfg, hf, root = case
-    _, params = convert.read_hf_vision_params(root / "hf")
-    assert {k: v.shape for k, v in params.items()} == convert.expected_param_shapes(cfg)
+    _, params = hf_read.read_hf_vision_params(root / "hf")
+    assert {k: v.shape for k, v in params.items()} == keys.expected_param_shapes(cfg)
     assert ("blocks.attn.qkv.bias" in params) == cfg.qkv_bias and "blocks.attn.proj.bias" not in params
     state = {k: v.numpy() for k, v in hf_tower(hf).state_dict().items()}
     w = state["downsample.weight"]  # [O, D, 2, 2]
@@ -193,8 +195,8 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
 
 @pytest.mark.parametrize("variant", ["glm-4v", "glm-4.5v"])
 def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
-    from qwen_vit_jax.demo import VARIANTS, write_random_hf_checkpoint
-    from qwen_vit_jax.hf_reference import _hf_classes
+    from qwen_vit_jax.tools.demo import VARIANTS, write_random_hf_checkpoint
+    from qwen_vit_jax.tools.hf_reference import _hf_classes
 
     cfg = VARIANTS[variant]["tiny"]
     hf_dir = write_random_hf_checkpoint(cfg, tmp_path / "hf", seed=1)

@@ -2,7 +2,7 @@
 temporary file is left, and `encode --resume` after a kill ends with the file an uninterrupted
 run writes.
 
-Each case runs the real command line (`qwen_vit_jax.cli.main`) in a subprocess and signals it at
+Each case runs the real command line (`qwen_vit_jax.tools.cli.main`) in a subprocess and signals it at
 a known point. To make that point deterministic, the subprocess is started through a small
 wrapper (below, test code only) that pauses at it and says so on stderr: right after a
 safetensors file has been written under its temporary name (mid-write: nothing renamed into
@@ -21,11 +21,15 @@ import numpy as np
 import pytest
 from conftest import make_image
 
-from qwen_vit_jax import cli
+from qwen_vit_jax.data.embeddings import read_embeddings
+from qwen_vit_jax.tools import cli
 
 WRAPPER = r"""
 import sys, time
-from qwen_vit_jax import cli, convert, encoder, safetensors_io
+from qwen_vit_jax.tools import cli
+from qwen_vit_jax.weights import convert
+from qwen_vit_jax.runtime import encoder
+from qwen_vit_jax.weights import safetensors_io
 
 def pause(what):
     print(f"PAUSED {what}", file=sys.stderr, flush=True)
@@ -125,7 +129,7 @@ def test_encode_killed_mid_write_keeps_the_previous_output(tiny_dirs, images, tm
     rc, err = run_and_signal("write", sig, "encode", ckpt, images, "-o", out, "--overwrite")
     assert rc == 130 and "error: interrupted" in err and "Traceback" not in err, err
     assert snapshot(parent) == before
-    assert cli.read_embeddings(out).names == [str(images / "im0.png")]
+    assert read_embeddings(out).names == [str(images / "im0.png")]
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
@@ -140,13 +144,13 @@ def test_encode_resume_after_a_kill_equals_an_uninterrupted_run(tiny_dirs, image
     out = parent / "emb.safetensors"
     rc, err = run_and_signal("batch2", sig, "encode", *args, "-o", out)
     # interrupted after the first batch: what is done is saved, the rest left for --resume
-    assert rc == 1 and "interrupted: 1 new inputs written" in err and "Traceback" not in err, err
+    assert rc == 1 and "interrupted: 1 new input written" in err and "Traceback" not in err, err
     assert sorted(os.listdir(parent)) == ["emb.safetensors"]
-    assert cli.read_embeddings(out).names == [str(images / "im0.png")]
+    assert read_embeddings(out).names == [str(images / "im0.png")]
 
     assert cli.main(["encode", *map(str, args), "-o", str(out), "--resume"]) == 0
     assert sorted(os.listdir(parent)) == ["emb.safetensors"]
-    a, b = cli.read_embeddings(out), cli.read_embeddings(whole)
+    a, b = read_embeddings(out), read_embeddings(whole)
     assert a.names == b.names and np.array_equal(a.grid_thw, b.grid_thw)
     np.testing.assert_array_equal(a.embeddings, b.embeddings)
     assert out.read_bytes() == whole.read_bytes()  # the same file, byte for byte

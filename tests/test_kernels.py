@@ -12,8 +12,8 @@ import pytest
 from hf_utils import assert_bf16_close, assert_fp32_close, build_hf_model, hf_visual, random_pixels
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import attention_gpu, attention_tpu
-from qwen_vit_jax.config import QWEN2_5_VL_3B
+from qwen_vit_jax.model import attention_gpu, attention_tpu
+from qwen_vit_jax.presets import QWEN2_5_VL_3B
 
 KERNELS = {"triton": attention_gpu.tile_attention, "splash": attention_tpu.tile_attention}
 
@@ -79,9 +79,9 @@ def test_mlp_width_padding_changes_nothing(tower):
     rows / columns: the same tokens (within float32 summation order) and still HF's."""
     from flax import nnx
 
-    from qwen_vit_jax.attention import Numerics
-    from qwen_vit_jax.convert import load_converted
-    from qwen_vit_jax.model import model_from_params
+    from qwen_vit_jax.model.numerics import Numerics
+    from qwen_vit_jax.model.vit import model_from_params
+    from qwen_vit_jax.weights.convert import load_converted
 
     path, px, grid, ref = tower
     cfg, params, _ = load_converted(path)

@@ -24,9 +24,9 @@ from hf_utils import build_hf_model, random_pixels
 from test_module import flat_grads, hf_grads_through_converter, rel
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
-from qwen_vit_jax.lora import LoRA, merged_params
-from qwen_vit_jax.model import Linear
+from qwen_vit_jax.model.lora import LoRA, merged_params
+from qwen_vit_jax.model.vit import Linear
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 CONFIGS = {
     "q25": dataclasses.replace(

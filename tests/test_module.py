@@ -19,11 +19,13 @@ from flax import nnx
 from hf_utils import assert_fp32_close, build_hf_model, hf_visual, random_pixels
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.attention import Numerics
-from qwen_vit_jax.config import QWEN2_5_VL, QWEN2_5_VL_3B, QWEN2_VL_2B
-from qwen_vit_jax.convert import read_hf_vision_params, write_safetensors
-from qwen_vit_jax.model import VisionTransformer, model_from_params
-from qwen_vit_jax.preprocess import preprocess_images
+from qwen_vit_jax.families import QWEN2_5_VL
+from qwen_vit_jax.model.numerics import Numerics
+from qwen_vit_jax.model.vit import VisionTransformer, model_from_params
+from qwen_vit_jax.preprocess.images import preprocess_images
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.weights.hf_read import read_hf_vision_params
+from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
 CONFIGS = {
     "q25": dataclasses.replace(

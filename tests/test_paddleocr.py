@@ -21,13 +21,16 @@ from PIL import Image
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import convert
-from qwen_vit_jax.config import PRESETS, VisionConfig
-from qwen_vit_jax.demo import HUB_PREPROCESSOR_PADDLEOCR
-from qwen_vit_jax.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.plan import raster_to_merge_order
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights
-from qwen_vit_jax.preprocess import PADDLEOCR_PREPROCESS, PreprocessConfig, preprocess_paddleocr_images
+from qwen_vit_jax.preprocess.config import PADDLEOCR_PREPROCESS, PreprocessConfig
+from qwen_vit_jax.preprocess.images import preprocess_paddleocr_images
+from qwen_vit_jax.presets import PRESETS
+from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_PADDLEOCR
+from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.weights import hf_read, keys
+from qwen_vit_jax.weights.safetensors_io import CheckpointError
 
 PADDLE = PRESETS["paddleocr-vl"]
 # head_dim 16, a 6 x 6 table (image_size 84 / patch 14), 3 blocks
@@ -199,8 +202,8 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
 # ---- converter --------------------------------------------------------------------------------------------
 def test_converter_fuses_qkv_and_reads_the_projector(case, tmp_path):
     hf, root = case
-    _, params = convert.read_hf_vision_params(root / "hf")
-    assert {k: v.shape for k, v in params.items()} == convert.expected_param_shapes(TINY)
+    _, params = hf_read.read_hf_vision_params(root / "hf")
+    assert {k: v.shape for k, v in params.items()} == keys.expected_param_shapes(TINY)
     state = {k: v.numpy() for k, v in hf_tower(hf).state_dict().items()}
     pre = "vision_model.encoder.layers"
     for i in range(TINY.depth):
@@ -212,7 +215,7 @@ def test_converter_fuses_qkv_and_reads_the_projector(case, tmp_path):
     np.testing.assert_array_equal(params["post_norm.scale"], state["vision_model.post_layernorm.weight"])
 
     # transformers 5.x's in-memory name of the projector is accepted; both names at once are not
-    from qwen_vit_jax.safetensors_io import read_safetensors, write_safetensors
+    from qwen_vit_jax.weights.safetensors_io import read_safetensors, write_safetensors
 
     tensors = dict(read_safetensors(root / "hf" / "model.safetensors"))
     renamed = {
@@ -224,17 +227,17 @@ def test_converter_fuses_qkv_and_reads_the_projector(case, tmp_path):
         write_safetensors(d / "model.safetensors", t, {"format": "pt"})
         (d / "config.json").write_text((root / "hf" / "config.json").read_text())
         if name == "renamed":
-            _, again = convert.read_hf_vision_params(d)
+            _, again = hf_read.read_hf_vision_params(d)
             assert all(np.array_equal(again[k], params[k]) for k in params)
         else:
-            with pytest.raises(convert.CheckpointError, match="which is the projector"):
-                convert.read_hf_vision_params(d)
+            with pytest.raises(CheckpointError, match="which is the projector"):
+                hf_read.read_hf_vision_params(d)
 
 
 def test_demo_checkpoint_loads_in_transformers(tmp_path):
     from transformers import PaddleOCRVLForConditionalGeneration
 
-    from qwen_vit_jax.demo import VARIANTS, write_random_hf_checkpoint
+    from qwen_vit_jax.tools.demo import VARIANTS, write_random_hf_checkpoint
 
     cfg = VARIANTS["paddleocr-vl"]["tiny"]
     hf_dir = write_random_hf_checkpoint(cfg, tmp_path / "hf", seed=1)

@@ -20,7 +20,7 @@ from hf_utils import (
 )
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 TINY = {
     # Qwen2.5-VL: window layers + full layers, head_dim 16 and 32.

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import vision_utils as hf
 
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN2_VL_2B
 from qwen_vit_jax.plan import (
     BucketPolicy,
     BufferPool,
@@ -34,6 +33,7 @@ from qwen_vit_jax.plan import (
     window_index,
     worst_windows,
 )
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
 WIN56 = dataclasses.replace(QWEN2_5_VL_3B, window_size=56)
 WINDOWED = [QWEN2_5_VL_3B, WIN56]

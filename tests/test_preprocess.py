@@ -16,9 +16,10 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_mod
 
-from qwen_vit_jax.demo import HUB_PREPROCESSOR_QWEN3
-from qwen_vit_jax.preprocess import PreprocessConfig, preprocess_images, smart_resize
-from qwen_vit_jax.video import preprocess_video
+from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.images import preprocess_images, smart_resize
+from qwen_vit_jax.preprocess.video import preprocess_video
+from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_QWEN3
 
 HUB_CONFIG = {
     "min_pixels": 3136,
@@ -417,7 +418,7 @@ HUB_QWEN3_VL_CONFIG = dict(HUB_PREPROCESSOR_QWEN3, processor_class="Qwen3VLProce
 def test_qwen3_vl_hub_config_matches_hf(tmp_path):
     """The hub's Qwen3-VL preprocessor_config.json: patch 16 (factor 32), mean / std 0.5, the pixel
     budget as `size`; HF's processor configured from the same file is the reference."""
-    from qwen_vit_jax.preprocess import QWEN3_VL_PREPROCESS
+    from qwen_vit_jax.preprocess.config import QWEN3_VL_PREPROCESS
 
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(HUB_QWEN3_VL_CONFIG))
     cfg = PreprocessConfig.from_hf(tmp_path)

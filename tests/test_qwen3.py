@@ -15,17 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
-from qwen_vit_jax import convert
-from qwen_vit_jax.config import (
-    PRESETS,
-    QWEN2_5_VL_3B,
-    QWEN3_5,
-    QWEN3_5_27B,
-    QWEN3_VL,
-    QWEN3_VL_8B,
-    VisionConfig,
-)
+from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.families import QWEN3_5, QWEN3_VL
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights, pos_embed_reference
+from qwen_vit_jax.presets import PRESETS, QWEN2_5_VL_3B, QWEN3_5_27B, QWEN3_VL_8B
+from qwen_vit_jax.weights import convert, hf_read, keys
+from qwen_vit_jax.weights.safetensors_io import CheckpointError, write_safetensors
 from tests.hf_utils import build_hf_model
 
 # head_dim 16, patch 4 (patch_dim 96), a 6 x 6 position table, deepstack after both blocks
@@ -298,10 +293,10 @@ def _prefix_of(sd):
 def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
     cfg, root, sd32, sd16 = q3_ckpt
     prefix = _prefix_of(sd32)
-    got_cfg, params = convert.read_hf_vision_params(root / "f32")
+    got_cfg, params = hf_read.read_hf_vision_params(root / "f32")
     assert got_cfg == cfg
     want = expected_q3(sd32, cfg, prefix)
-    shapes = convert.expected_param_shapes(cfg)
+    shapes = keys.expected_param_shapes(cfg)
     assert sorted(params) == sorted(want) == sorted(shapes)
     n_vision = sum(1 for k in sd32 if k.startswith(prefix))
     n_rows = sum(s[0] if k.startswith(("blocks.", "deepstack.")) else 1 for k, s in shapes.items())
@@ -316,7 +311,7 @@ def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
     else:
         assert not any(k.startswith("deepstack.") for k in shapes)
     # sharded: same params
-    _, sharded = convert.read_hf_vision_params(root / "sharded")
+    _, sharded = hf_read.read_hf_vision_params(root / "sharded")
     assert (
         len(set(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
     )
@@ -337,9 +332,9 @@ def test_convert_qwen3_hub_prefixes(q3_ckpt, tmp_path, prefix):
     d = tmp_path / "hub"
     d.mkdir()
     tensors = {(prefix + k[len(old) :] if k.startswith(old) else k): v for k, v in sd32.items()}
-    convert.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+    write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
     shutil.copy(root / "f32" / "config.json", d / "config.json")
-    got_cfg, params = convert.read_hf_vision_params(d)
+    got_cfg, params = hf_read.read_hf_vision_params(d)
     assert got_cfg == cfg
     for k, w in expected_q3(sd32, cfg, old).items():
         np.testing.assert_array_equal(params[k], w, err_msg=k)
@@ -354,14 +349,14 @@ def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
         d.mkdir()
         tensors = dict(sd32)
         edit(tensors)
-        convert.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+        write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
         shutil.copy(root / "f32" / "config.json", d / "config.json")
         return d
 
-    with pytest.raises(convert.CheckpointError, match="missing.*pos_embed.weight"):
-        convert.read_hf_vision_params(variant("no_pos", lambda t: t.pop(prefix + "pos_embed.weight")))
-    with pytest.raises(convert.CheckpointError, match="match no"):
-        convert.read_hf_vision_params(
+    with pytest.raises(CheckpointError, match="missing.*pos_embed.weight"):
+        hf_read.read_hf_vision_params(variant("no_pos", lambda t: t.pop(prefix + "pos_embed.weight")))
+    with pytest.raises(CheckpointError, match="match no"):
+        hf_read.read_hf_vision_params(
             variant(
                 "extra",
                 lambda t: t.update(
@@ -369,8 +364,8 @@ def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
                 ),
             )
         )
-    with pytest.raises(convert.CheckpointError, match="shape"):
-        convert.read_hf_vision_params(
+    with pytest.raises(CheckpointError, match="shape"):
+        hf_read.read_hf_vision_params(
             variant(
                 "bad_shape", lambda t: t.update({prefix + "pos_embed.weight": np.zeros((35, cfg.width), np.float32)})
             )

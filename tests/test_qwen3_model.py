@@ -20,10 +20,11 @@ from conftest import make_image
 from hf_utils import assert_bf16_close, assert_fp32_close, build_hf_model, random_pixels
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax import cost
-from qwen_vit_jax.config import QWEN2_5_VL_3B, QWEN3_5, QWEN3_VL, QWEN3_VL_8B
-from qwen_vit_jax.demo import HUB_PREPROCESSOR_QWEN3
+from qwen_vit_jax.families import QWEN3_5, QWEN3_VL
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN3_VL_8B
+from qwen_vit_jax.runtime import cost
+from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_QWEN3
 
 CONFIGS = {
     # head_dim 16, a 6 x 6 table, deepstack taps on inner blocks (1 and 2 of 4)
@@ -267,7 +268,7 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
     (deepstack mergers included) with HF's shapes, the config HF reads back as the same tower."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from qwen_vit_jax.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
+    from qwen_vit_jax.tools.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
 
     cfg = (
         TINY_QWEN3_VL

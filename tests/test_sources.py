@@ -15,8 +15,16 @@ import pytest
 from conftest import make_image
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.convert import read_safetensors, write_safetensors
-from qwen_vit_jax.sources import CONVERTED, HF_DIR, HUB, hub_cache_dir, is_hub_id, resolve_hub_id, resolve_source
+from qwen_vit_jax.weights.safetensors_io import read_safetensors, write_safetensors
+from qwen_vit_jax.weights.sources import (
+    CONVERTED,
+    HF_DIR,
+    HUB,
+    hub_cache_dir,
+    is_hub_id,
+    resolve_hub_id,
+    resolve_source,
+)
 
 GRID = np.array([[1, 8, 12], [2, 4, 4]])
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -138,7 +146,7 @@ def test_missing_sources_name_what_was_searched(sharded_hf, tmp_path, monkeypatc
 
 
 def test_cli_encode_bench_verify_take_all_three_sources(capsys, tiny_dirs, sharded_hf, tmp_path, monkeypatch):
-    from qwen_vit_jax import cli
+    from qwen_vit_jax.tools import cli
 
     def main(*args):
         rc = cli.main([str(a) for a in args])

@@ -21,17 +21,9 @@ import pytest
 import torch
 import video_samples
 
-from qwen_vit_jax.preprocess import PreprocessConfig
-from qwen_vit_jax.video import (
-    QWEN3_VL_VIDEO,
-    VIDEO_DEFAULT,
-    VideoError,
-    frame_size,
-    preprocess_video,
-    probe,
-    sample_indices,
-    smart_resize_3d,
-)
+from qwen_vit_jax.preprocess.config import QWEN3_VL_VIDEO, VIDEO_DEFAULT, PreprocessConfig
+from qwen_vit_jax.preprocess.images import smart_resize_3d
+from qwen_vit_jax.preprocess.video import VideoError, frame_size, preprocess_video, probe, sample_indices
 
 av = pytest.importorskip("av")
 REFERENCE = json.loads((pathlib.Path(__file__).parent / "data" / "video_reference.json").read_text())
@@ -195,8 +187,9 @@ def test_truncated_and_corrupt_files_are_named_errors(clips, tmp_path):
     data = pathlib.Path(clips["h264_462f_24fps"]).read_bytes()
     cut = tmp_path / "cut.mp4"
     cut.write_bytes(data[: len(data) // 3])  # the moov atom is at the end: unreadable
-    with pytest.raises(VideoError, match="cut.mp4"):
+    with pytest.raises(VideoError, match="cut.mp4") as e:
         preprocess_video(str(cut), fps=2.0)
+    assert "Errno" not in str(e.value)  # FFmpeg's words, not its error number
     mjpeg = pathlib.Path(clips["mjpeg_odd_213x157_23.976fps_2s"]).read_bytes()
     short = tmp_path / "short.avi"  # index says 47 frames, the data stops after a third
     short.write_bytes(mjpeg[: len(mjpeg) // 3])
@@ -242,7 +235,7 @@ def test_encode_video_matches_hf_video_features(clips, tiny_dirs, tiny_encoder):
     bars of docs/numerics.md."""
     from hf_utils import assert_fp32_close
 
-    from qwen_vit_jax.hf_reference import hf_visual, load_hf_vision_tower
+    from qwen_vit_jax.tools.hf_reference import hf_visual, load_hf_vision_tower
 
     path = clips["h264_330x250_24fps_5s"]
     pv, grid, ts = preprocess_video(path, fps=2.0, config=tiny_encoder.video_preprocess)
@@ -262,8 +255,8 @@ def test_qwen3_checkpoint_video_config_and_features(clips, tmp_path):
     from hf_utils import assert_fp32_close
 
     from qwen_vit_jax import VisionEncoder, convert_checkpoint
-    from qwen_vit_jax.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
-    from qwen_vit_jax.hf_reference import hf_visual, load_hf_vision_tower
+    from qwen_vit_jax.tools.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
+    from qwen_vit_jax.tools.hf_reference import hf_visual, load_hf_vision_tower
 
     (case,) = [
         c

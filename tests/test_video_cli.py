@@ -14,8 +14,8 @@ import video_samples
 from conftest import make_image
 from test_cli import assert_clean_error, main, run
 
-from qwen_vit_jax import cli
-from qwen_vit_jax.video import preprocess_video
+from qwen_vit_jax.data.embeddings import read_embeddings
+from qwen_vit_jax.preprocess.video import preprocess_video
 
 pytest.importorskip("av")
 
@@ -42,7 +42,7 @@ def test_encode_images_and_videos(capsys, tiny_dirs, tiny_encoder, mixed_dir, tm
     assert "encoded 4 inputs" in stdout and "4/4 inputs" in err
     assert err.count("video ") == 2 and f"video {mixed_dir / 'b_clip.mp4'}: 5 x " in err  # one line per video
 
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     names = [mixed_dir / n for n in ("a.png", "b_clip.mp4", "c.jpg", "d_clip")]
     assert e.names == [str(p) for p in names]
     vcfg = tiny_encoder.video_preprocess
@@ -71,14 +71,14 @@ def test_corrupt_and_truncated_videos(capsys, tiny_dirs, mixed_dir, tmp_path):
     out = tmp_path / "emb.npz"
     rc, _, err = main(capsys, "encode", ckpt, mixed_dir, "-o", out, "--num-frames", "8")
     assert_clean_error(rc, err, f"cannot read {mixed_dir / 'b_clip.mp4'}", "VideoError", "--keep-going")
-    assert cli.read_embeddings(out).names == [str(mixed_dir / "a.png")]  # whole: the inputs before it
+    assert read_embeddings(out).names == [str(mixed_dir / "a.png")]  # whole: the inputs before it
 
     out2 = tmp_path / "emb2.npz"
     rc, _, err = main(capsys, "encode", ckpt, mixed_dir, "-o", out2, "--num-frames", "8", "--keep-going")
     assert_clean_error(rc, err, "2 of 4 inputs could not be read")
     assert f"warning: skipped {mixed_dir / 'b_clip.mp4'}: VideoError" in err
     assert f"warning: skipped {mixed_dir / 'e_short.avi'}: VideoError" in err and "truncated" in err
-    assert cli.read_embeddings(out2).names == [str(mixed_dir / n) for n in ("a.png", "c.jpg")]
+    assert read_embeddings(out2).names == [str(mixed_dir / n) for n in ("a.png", "c.jpg")]
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
     rc, _, err = main(capsys, "encode", ckpt, mixed_dir, "-o", tmp_path / "x.npz", "--fps", "2", "--num-frames", "4")
@@ -96,7 +96,7 @@ def test_encode_video_without_torch(tiny_dirs, tmp_path):
     out = tmp_path / "e.npz"
     p = run("encode", tiny_dirs[1], tmp_path, "-o", out, "--num-frames", "4")
     assert p.returncode == 0, p.stderr
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     assert e.grid_thw[:, 0].tolist() == [2, 2] and len(e.timestamps_of(0)) == 2
     assert pathlib.Path(e.names[0]).name == "clip.webm"
 
@@ -109,7 +109,7 @@ def test_every_frame_without_sampling(capsys, tiny_dirs, tmp_path):
     rc, _, err = main(capsys, "encode", tiny_dirs[1], clip, "-o", out)
     assert rc == 0, err
     assert err.count("note: videos use every frame") == 1
-    e = cli.read_embeddings(out)
+    e = read_embeddings(out)
     assert e.grid_thw[0, 0] == 11 and e.timestamps_of(0)[1] == 2 / 7  # second_per_grid_ts = T / 7 fps
 
 
@@ -118,9 +118,8 @@ def test_input_patches_from_headers(mixed_dir, tmp_path):
     to what preprocess_video makes of it; an unreadable file counts 0 (its owner reports it)."""
     import dataclasses
 
-    from qwen_vit_jax.encode_files import input_patches
-    from qwen_vit_jax.preprocess import PreprocessConfig
-    from qwen_vit_jax.video import QWEN3_VL_VIDEO, VIDEO_DEFAULT
+    from qwen_vit_jax.data.encode_files import input_patches
+    from qwen_vit_jax.preprocess.config import QWEN3_VL_VIDEO, VIDEO_DEFAULT, PreprocessConfig
 
     image_cfg = PreprocessConfig()
     for cfg in (QWEN3_VL_VIDEO, dataclasses.replace(VIDEO_DEFAULT, do_sample_frames=True, fps=2.0), VIDEO_DEFAULT):

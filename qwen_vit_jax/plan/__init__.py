@@ -5,7 +5,9 @@ data-dependent torch ops (and host syncs) on every call. Here they are pure func
 (grid_thw, config) computed on the host, padded to a static `Bucket`, cached by grid, and shipped
 to the device as one pytree; the jitted forward only ever sees bucket shapes. Read in this order:
 
-  reference.py  grid validation and the HF-exact index functions (`rotary_ids`,
+  grid.py       `as_grid`: grid_thw validated once into a `Grid` (the array and its cache key),
+                which every later step takes as it is.
+  reference.py  the HF-exact index functions (`rotary_ids`,
                 `frame_cu_seqlens`, `window_index`), equal element for element to
                 `transformers.vision_utils`; `to_spatial` undoes HF's patch order.
   kernels.py    the numba kernels: one walk over frames, one over windows, window packing,
@@ -33,17 +35,19 @@ from .buckets import (
     worst_windows,
 )
 from .contract import Plan
+from .grid import Grid, as_grid, validate_grid
 from .reference import (
     frame_cu_seqlens,
     rotary_ids,
     segment_lengths,
     to_spatial,
-    validate_grid,
     window_index,
 )
 
 __all__ = [
     "Bucket",
+    "Grid",
+    "as_grid",
     "BucketPolicy",
     "BufferPool",
     "Plan",

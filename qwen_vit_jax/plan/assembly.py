@@ -20,7 +20,7 @@ from ..config import VisionConfig
 from . import kernels, posembed
 from .buckets import Bucket, BucketPolicy, split, typical_windows, worst_windows
 from .contract import Plan
-from .reference import validate_grid
+from .grid import as_grid
 
 PLAN_CACHE_SIZE = 64  # a plan for ~130k patches holds ~3 MB
 _EMPTY = np.empty(0, np.int32)
@@ -87,22 +87,21 @@ POOL = BufferPool()
 
 
 def make_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
-    """Validate `grid_thw` and return its (cached) `Plan`: ONE plan for the whole grid, never split
-    (N_pad = policy.padded_rows(N) even above max_patches)."""
-    g = validate_grid(grid_thw, cfg)
-    return _cached_plan(tuple(map(tuple, g.tolist())), cfg, policy or BucketPolicy())
+    """Validate `grid_thw` (unless it is a `Grid` already) and return its (cached) `Plan`: ONE plan
+    for the whole grid, never split (N_pad = policy.padded_rows(N) even above max_patches)."""
+    return _cached_plan(as_grid(grid_thw, cfg).key, cfg, policy or BucketPolicy())
 
 
 def make_plans(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> list[Plan]:
-    """Validate `grid_thw` and return one (cached) `Plan` per chunk of `split_grid`, in order.
+    """Validate `grid_thw` (unless it is a `Grid` already) and return one (cached) `Plan` per chunk
+    of `split_grid`, in order.
 
     One plan for any request that fits the policy's largest bucket (max_patches); a larger one is
     cut at frame boundaries. Each plan's grid_thw is its chunk's grid and its span says which rows
     of the request's pixel_values it takes (`Plan.take`).
     """
     policy = policy or BucketPolicy()
-    g = validate_grid(grid_thw, cfg)
-    key = tuple(map(tuple, g.tolist()))
+    key = as_grid(grid_thw, cfg).key
     if len(key) == 1 and key[0][0] == 1:  # one frame (an image): one chunk, nothing to split
         return [_cached_plan(key, cfg, policy)]
     return list(_cached_plans(key, cfg, policy))

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import VisionConfig
 from . import kernels
-from .reference import MAX_PATCHES, validate_grid
+from .grid import MAX_PATCHES, validate_grid
 
 
 @dataclasses.dataclass(frozen=True)

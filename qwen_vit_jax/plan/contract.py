@@ -1,6 +1,6 @@
 """The Plan: one chunk of a request, planned for the device (the host-to-device contract).
 
-Built by `assembly.make_plans`; read by the model (`model.py`) and attention (`attention.py`).
+Built by `assembly.make_plans`; read by the model (`model/vit.py`) and attention (`model/attention.py`).
 """
 
 from __future__ import annotations
@@ -143,6 +143,12 @@ class Plan:
             raise ValueError(
                 f"pixel_values has {px.shape[0]} rows but the plan's request has sum(t*h*w) = {self.request_patches}"
             )
+        return self.pad_rows(px, dtype)
+
+    def pad_rows(self, pixel_values: np.ndarray, dtype=None) -> np.ndarray:
+        """`take` without its checks, for a caller that has checked the request's pixel_values
+        itself (the encoder, once per request)."""
+        px = pixel_values
         if dtype is None:
             dtype = px.dtype if np.issubdtype(px.dtype, np.floating) else np.float32
         out = np.zeros((self.bucket.patches, px.shape[1]), dtype)  # [N_pad, P]

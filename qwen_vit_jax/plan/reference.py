@@ -3,8 +3,7 @@
 HF derives rotary ids, per-frame cu_seqlens and the Qwen2.5-VL window permutation with small
 data-dependent torch ops (and host syncs) on every call; here they are pure functions of
 (grid_thw, config), built by the same numba kernels as the plan, and tests pin them equal to
-`transformers.vision_utils`. Also here: grid validation (every entry point of the plan package
-validates once) and `to_spatial`, which undoes HF's patch order.
+`transformers.vision_utils`. Also here: `to_spatial`, which undoes HF's patch order.
 """
 
 from __future__ import annotations
@@ -13,52 +12,7 @@ import numpy as np
 
 from ..config import VisionConfig
 from . import kernels
-
-MAX_PATCHES = 2**30  # keeps every padded row index comfortably inside int32
-
-
-def validate_grid(grid_thw, cfg: VisionConfig | None = None) -> np.ndarray:
-    """Check `grid_thw` ([k, 3] integer (t, h, w) in patches) and return an int64 [k, 3] C-order copy.
-
-    Float arrays are rejected even when integral: a float grid is almost always a caller bug.
-    With `cfg`, h and w must be multiples of `cfg.spatial_merge_size`.
-    """
-    try:
-        arr = np.asarray(grid_thw)
-    except ValueError as e:  # ragged nested lists
-        raise ValueError(f"grid_thw is not a rectangular [k, 3] array: {e}") from None
-    if arr.ndim != 2 or arr.shape[1] != 3:
-        raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {arr.shape}")
-    if arr.shape[0] == 0:
-        raise ValueError("grid_thw is empty: need at least one (t, h, w) row")
-    if arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
-        raise ValueError(f"grid_thw must hold integers, got dtype {arr.dtype}")
-    rows = arr.tolist()  # k is small: Python ints are faster than a handful of tiny numpy ops, and exact
-    m = cfg.spatial_merge_size if cfg is not None else 1
-    total = 0
-    for t, h, w in rows:
-        if t <= 0 or h <= 0 or w <= 0 or h % m or w % m:
-            _raise_bad_row(rows, m)
-        total += t * h * w
-    if total > MAX_PATCHES:
-        raise ValueError(f"grid_thw describes {total} patches, more than {MAX_PATCHES}")
-    if cfg is not None and cfg.images_only and any(t != 1 for t, _, _ in rows):
-        raise ValueError(f"{cfg.variant} takes images only: every grid_thw row needs t = 1, got {rows}")
-    # Every value is now in (0, 2^30]: the cast is exact for any integer dtype.
-    return arr.astype(np.int64, order="C")
-
-
-def _raise_bad_row(rows: list, m: int):
-    """Raise the error for the first invalid row (validate_grid's slow path)."""
-    for i, row in enumerate(rows):
-        for name, v in zip("thw", row):
-            if v <= 0:
-                raise ValueError(f"grid_thw row {i} = {row}: {name} must be positive, got {v}")
-        if row[1] % m or row[2] % m:
-            raise ValueError(
-                f"grid_thw row {i} = {row}: h and w must be multiples of spatial_merge_size {m} (odd size)"
-            )
-    raise AssertionError("no invalid row")  # pragma: no cover
+from .grid import validate_grid
 
 
 def rotary_ids(grid_thw, cfg: VisionConfig) -> np.ndarray:

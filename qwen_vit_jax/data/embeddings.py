@@ -72,6 +72,16 @@ class Embeddings:
     def __len__(self) -> int:
         return len(self.names)
 
+    def __repr__(self) -> str:
+        """A summary: counts, shapes and the first names, never the arrays themselves."""
+        names = ", ".join(repr(n) for n in self.names[:3]) + (", ..." if len(self.names) > 3 else "")
+        shape = "x".join(map(str, np.shape(self.embeddings)))
+        what = ", ".join(f"{k}={self.metadata[k]!r}" for k in ("checkpoint", "dtype") if k in self.metadata)
+        return (
+            f"Embeddings({len(self)} inputs, embeddings {shape} {np.asarray(self.embeddings).dtype}, names [{names}]"
+            + (f", {what})" if what else ")")
+        )
+
     def __getitem__(self, i: int) -> np.ndarray:
         """Input i's tokens: [offsets[i+1] - offsets[i], D]."""
         return self.embeddings[self.offsets[i] : self.offsets[i + 1]]
@@ -159,7 +169,7 @@ def read_embeddings(path: str | os.PathLike) -> Embeddings:
 
 def _read_file(path: pathlib.Path) -> Embeddings:
     """One embeddings file (either format), its layout checked."""
-    from qwen_vit_jax.safetensors_io import SafetensorsFile
+    from qwen_vit_jax.weights.safetensors_io import SafetensorsFile
 
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
@@ -204,7 +214,7 @@ def _read_file(path: pathlib.Path) -> Embeddings:
 
 def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
     """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
-    from qwen_vit_jax.safetensors_io import write_safetensors
+    from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
     path = pathlib.Path(path)
     suffix = check_suffix(path)
@@ -259,7 +269,7 @@ def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:
 def read_names(path: str | os.PathLike) -> list[str]:
     """The image names of one embeddings file, without reading its embeddings (the header of a
     .safetensors file, the `names` member of a .npz)."""
-    from qwen_vit_jax.safetensors_io import SafetensorsFile
+    from qwen_vit_jax.weights.safetensors_io import SafetensorsFile
 
     path = pathlib.Path(path)
     if not path.is_file():
@@ -279,7 +289,7 @@ def read_names(path: str | os.PathLike) -> list[str]:
 def _counts(path: pathlib.Path) -> tuple[int, int]:
     """(images, tokens) of an embeddings file, from its header / offsets only (a shard's embeddings
     can be gigabytes; read_embeddings checks the whole file later)."""
-    from qwen_vit_jax.safetensors_io import SafetensorsFile
+    from qwen_vit_jax.weights.safetensors_io import SafetensorsFile
 
     if not path.is_file():
         raise FileNotFoundError(

@@ -34,187 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from qwen_vit_jax.config import load_json_object
+from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PADDLEOCR_PREPROCESS, PreprocessConfig
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _CHUNK = 256  # patch rows per rescale / normalise step
-VIDEO_SAMPLERS = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")  # HF's video processors' frame sampling (video.py)
-_PIL_FILTERS = tuple(sorted(int(f) for f in Image.Resampling))  # PIL resample ids: NEAREST=0 .. BICUBIC=3 ..
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PreprocessConfig:
-    """Preprocessing settings. Defaults are transformers 5.24's `Qwen2VLImageProcessorPil` class defaults
-    (max_pixels 1,003,520 = 28*28*1280). The released Qwen checkpoints say max_pixels 12,845,056 in
-    their preprocessor_config.json: load it with `from_hf` when you have one."""
-
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    image_mean: tuple[float, ...] = OPENAI_CLIP_MEAN
-    image_std: tuple[float, ...] = OPENAI_CLIP_STD
-    rescale_factor: float = 1 / 255
-    resample: int = int(Image.Resampling.BICUBIC)
-    do_resize: bool = True
-    do_rescale: bool = True
-    do_normalize: bool = True
-    do_convert_rgb: bool = True
-    # Video (video.py; images ignore these). Defaults: HF 5.24's Qwen2VLVideoProcessor class values.
-    video_sampler: str = "qwen2-vl"  # whose frame sampling and timestamps: qwen2-vl | qwen2.5-vl | qwen3-vl
-    do_sample_frames: bool = False  # apply `fps` / `num_frames` below when a call passes neither
-    fps: float | None = None  # frames per second to sample
-    num_frames: int | None = None  # or a fixed count (mutually exclusive with fps)
-    min_frames: int = 4
-    max_frames: int = 768
-    cap_pixels_per_frame: bool = False  # HF's (qwen-vl-utils') per-frame share of a total budget
-    max_video_tokens: int | None = None  # that budget; None: the sampler's HF default (128000 / 768)
-
-    def __post_init__(self):
-        def bad(msg):
-            raise ValueError(f"invalid PreprocessConfig: {msg}")
-
-        ints = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
-        for name in (*ints, "resample"):
-            if isinstance(getattr(self, name), (np.integer, Image.Resampling)):  # numpy ints / PIL enums
-                object.__setattr__(self, name, int(getattr(self, name)))
-        for name in ints:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                bad(f"{name} must be a positive int, got {v!r}")
-        if self.min_pixels > self.max_pixels:
-            bad(f"min_pixels {self.min_pixels} > max_pixels {self.max_pixels}")
-        for name in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-            if not isinstance(getattr(self, name), bool):
-                bad(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if type(self.resample) is not int or self.resample not in _PIL_FILTERS:
-            bad(f"resample must be a PIL filter id {_PIL_FILTERS}, got {self.resample!r}")
-        r = self.rescale_factor
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r <= 0:
-            bad(f"rescale_factor must be a positive number, got {r!r}")
-        object.__setattr__(self, "rescale_factor", float(r))
-        for name in ("image_mean", "image_std"):
-            v = getattr(self, name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):  # HF: one value for all channels
-                v = (v,) * 3
-            try:
-                v = tuple(float(x) for x in v)
-            except (TypeError, ValueError):
-                bad(f"{name} must be 3 numbers, got {getattr(self, name)!r}")
-            if len(v) != 3 or not all(math.isfinite(x) for x in v):
-                bad(f"{name} must be 3 finite numbers, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, v)
-        if any(s == 0 for s in self.image_std):
-            bad(f"image_std must be non-zero, got {self.image_std}")
-        _check_video_fields(self, bad)
-
-    @property
-    def factor(self) -> int:
-        """Side of one merge unit in pixels (28): resized sides are multiples of it."""
-        return self.patch_size * self.merge_size
-
-    @property
-    def patch_dim(self) -> int:
-        """Length of one pixel_values row: C * T * p * p (1176)."""
-        return 3 * self.temporal_patch_size * self.patch_size**2
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON dict; `from_hf` (and HF's `Qwen2VLImageProcessorPil.from_dict`) read it back."""
-        d = dataclasses.asdict(self)
-        d["image_mean"], d["image_std"] = list(self.image_mean), list(self.image_std)
-        return d
-
-    @classmethod
-    def from_hf(cls, path_or_dict: str | os.PathLike | dict, *, video: bool | None = None) -> PreprocessConfig:
-        """Read an HF `preprocessor_config.json` or `video_preprocessor_config.json`: a dict, a path to
-        the file, or a checkpoint directory.
-
-        The pixel range comes from top-level `min_pixels` / `max_pixels` (they win, as in HF) or from
-        `size` = {"shortest_edge", "longest_edge"} (also accepted there: "min_pixels" / "max_pixels").
-        Missing or null fields keep the defaults; unknown keys are ignored; bad values raise ValueError.
-
-        Video (video.py): a config with a `video_processor_type`, or any config when `video=True`, starts
-        from that HF video processor's class defaults instead of the image processor's, as HF does. With
-        `video=True` a directory's video_preprocessor_config.json is read, else its
-        preprocessor_config.json (HF's fallback, what Qwen2-VL / Qwen2.5-VL checkpoints ship). The
-        sampling rules (`video_sampler`) follow `video_processor_type`, `processor_class`, else the patch
-        size (16: Qwen3-VL).
-        """
-        from qwen_vit_jax.video import VIDEO_CONFIG_FILE, video_defaults
-
-        filename = "preprocessor_config.json"
-        if (
-            video
-            and not isinstance(path_or_dict, dict)
-            and os.path.isfile(os.path.join(path_or_dict, VIDEO_CONFIG_FILE))
-        ):
-            filename = VIDEO_CONFIG_FILE
-        d, where = load_json_object(path_or_dict, filename, "HF preprocessor config")
-
-        kw: dict[str, Any] = video_defaults(d, video)
-        size = d.get("size")
-        if size is not None:
-            if not isinstance(size, dict):
-                raise ValueError(f"{where}: 'size' must be an object, got {size!r}")
-            for ours, names in (
-                ("min_pixels", ("shortest_edge", "min_pixels")),
-                ("max_pixels", ("longest_edge", "max_pixels")),
-            ):
-                for n in names:
-                    if size.get(n) is not None:
-                        kw[ours] = size[n]
-                        break
-        names = [f.name for f in dataclasses.fields(cls)]
-        kw.update({n: d[n] for n in names if d.get(n) is not None})
-        try:
-            return cls(**kw)
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-
-
-def _check_video_fields(cfg: PreprocessConfig, bad) -> None:
-    """Validate (and normalise) PreprocessConfig's video fields; `bad(msg)` raises."""
-    if cfg.video_sampler not in VIDEO_SAMPLERS:
-        bad(f"video_sampler must be one of {VIDEO_SAMPLERS}, got {cfg.video_sampler!r}")
-    for name in ("do_sample_frames", "cap_pixels_per_frame"):
-        if not isinstance(getattr(cfg, name), bool):
-            bad(f"{name} must be a bool, got {getattr(cfg, name)!r}")
-    for name, optional in (
-        ("num_frames", True),
-        ("min_frames", False),
-        ("max_frames", False),
-        ("max_video_tokens", True),
-    ):
-        v = getattr(cfg, name)
-        if isinstance(v, np.integer):
-            object.__setattr__(cfg, name, v := int(v))
-        if not (optional and v is None) and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            bad(f"{name} must be a positive int{' or None' if optional else ''}, got {v!r}")
-    if cfg.fps is not None:
-        if isinstance(cfg.fps, bool) or not isinstance(cfg.fps, (int, float)) or not 0 < cfg.fps < math.inf:
-            bad(f"fps must be a positive number or None, got {cfg.fps!r}")
-        object.__setattr__(cfg, "fps", float(cfg.fps))
-
-
-# The hub's Qwen3-VL preprocessor_config.json (Qwen3.5 ships the same image settings):
-# {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16,
-#  "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-QWEN3_VL_PREPROCESS = PreprocessConfig(
-    min_pixels=65536,
-    max_pixels=16777216,
-    patch_size=16,
-    image_mean=(0.5, 0.5, 0.5),
-    image_std=(0.5, 0.5, 0.5),
-    video_sampler="qwen3-vl",  # what from_hf reads from such a file (patch 16)
-)
 
 
 def smart_resize(
@@ -289,7 +116,7 @@ def _family_config(config, default: PreprocessConfig) -> PreprocessConfig:
     return cfg
 
 
-def _to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
+def to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
     """One image -> HxWx3 uint8 RGB, converted like HF's `convert_to_rgb`."""
     if isinstance(image, Image.Image):
         a = _array_to_uint8(_pil_to_rgb(image) if cfg.do_convert_rgb else np.asarray(image), what)
@@ -314,7 +141,7 @@ def _to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
     return a
 
 
-def _resize(a: np.ndarray, cfg: PreprocessConfig, size: tuple[int, int] | None = None) -> np.ndarray:
+def resize(a: np.ndarray, cfg: PreprocessConfig, size: tuple[int, int] | None = None) -> np.ndarray:
     """HxWx3 uint8 -> resized uint8 (PIL, as HF's PIL backend), or checked as-is when do_resize is off."""
     h, w = a.shape[:2]
     if not cfg.do_resize:
@@ -325,7 +152,7 @@ def _resize(a: np.ndarray, cfg: PreprocessConfig, size: tuple[int, int] | None =
     return np.asarray(Image.fromarray(np.ascontiguousarray(a)).resize((tw, th), resample=cfg.resample))
 
 
-def _rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+def rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     """uint8 [..., C, t, p, p] -> float32 with HF's exact arithmetic: rescale in float64 then cast to
     float32, normalise in float32 (mean / std cast to float32)."""
     if cfg.do_rescale:
@@ -338,7 +165,7 @@ def _rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     return y
 
 
-def _patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+def patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     """[gt, t, H, W, 3] uint8 -> float32 [gt * H/p * W/p, 3 * T * p * p]; t is T (video) or 1 (an image,
     repeated over T).
 
@@ -354,7 +181,7 @@ def _patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     # in row chunks so the float64 temporaries stay in cache (2x faster than whole-array passes);
     # an image (t = 1) is broadcast over T on the write
     for i in range(0, len(x), _CHUNK):
-        out[i : i + _CHUNK] = _rescale_normalize(x[i : i + _CHUNK], cfg)
+        out[i : i + _CHUNK] = rescale_normalize(x[i : i + _CHUNK], cfg)
     return out.reshape(gt * gh * gw, C * T * p * p)
 
 
@@ -386,19 +213,14 @@ def preprocess_images(
     cfg = _resolve(config, min_pixels, max_pixels)
     rows, grids = [], []
     for i, image in enumerate(_image_list(images)):
-        a = _resize(_to_hwc3(image, cfg, f"image {i}"), cfg)
-        rows.append(_patchify(a[None, None], cfg))
+        a = resize(to_hwc3(image, cfg, f"image {i}"), cfg)
+        rows.append(patchify(a[None, None], cfg))
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
     pixel_values = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
     return pixel_values, np.asarray(grids, dtype=np.int64)
 
 
 # ---- PaddleOCR-VL ------------------------------------------------------------------------------------
-# HF's PaddleOCRVLImageProcessorPil class defaults: pixel budget 384^2 .. 1536^2, patch 14, no temporal
-# patch, merge 2, CLIP mean / std (a checkpoint's preprocessor_config.json overrides them).
-PADDLEOCR_PREPROCESS = PreprocessConfig(min_pixels=384 * 384, max_pixels=1536 * 1536, temporal_patch_size=1)
-
-
 def paddleocr_smart_resize(
     height: int, width: int, factor: int = 28, min_pixels: int = 384 * 384, max_pixels: int = 1536 * 1536
 ) -> tuple[int, int]:
@@ -424,7 +246,7 @@ def _patchify_raster(a: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     x = np.ascontiguousarray(x).reshape(-1, C, 1, p, p)  # [N, C, 1, p, p]
     out = np.empty((len(x), C, T, p, p), np.float32)
     for i in range(0, len(x), _CHUNK):  # the image is broadcast over T on the write
-        out[i : i + _CHUNK] = _rescale_normalize(x[i : i + _CHUNK], cfg)
+        out[i : i + _CHUNK] = rescale_normalize(x[i : i + _CHUNK], cfg)
     return out.reshape(len(x), C * T * p * p)
 
 
@@ -442,20 +264,15 @@ def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = Non
     cfg = _family_config(config, PADDLEOCR_PREPROCESS)
     rows, grids = [], []
     for i, image in enumerate(_image_list(images)):
-        a = _to_hwc3(image, cfg, f"image {i}")
+        a = to_hwc3(image, cfg, f"image {i}")
         size = paddleocr_smart_resize(a.shape[0], a.shape[1], cfg.factor, cfg.min_pixels, cfg.max_pixels)
-        a = _resize(a, cfg, size if cfg.do_resize else None)
+        a = resize(a, cfg, size if cfg.do_resize else None)
         rows.append(_patchify_raster(a, cfg))
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
     return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
 
 
 # ---- GLM-4.1V / 4.5V ---------------------------------------------------------------------------------
-# HF's Glm4vImageProcessorPil class defaults: pixel budget 112^2 .. 28^2 * 15000 (counted over the
-# temporal patch's 2 frames), patch 14, temporal patch 2, merge 2, CLIP mean / std.
-GLM4V_PREPROCESS = PreprocessConfig(min_pixels=112 * 112, max_pixels=28 * 28 * 15000)
-
-
 def smart_resize_3d(
     num_frames: int, height: int, width: int, temporal_factor: int, factor: int, min_pixels: int, max_pixels: int
 ) -> tuple[int, int]:
@@ -518,10 +335,17 @@ def preprocess_glm4v_images(images, *, config: PreprocessConfig | None = None) -
     cfg = _family_config(config, GLM4V_PREPROCESS)
     rows, grids = [], []
     for i, image in enumerate(_image_list(images)):
-        a = _to_hwc3(image, cfg, f"image {i}")
+        a = to_hwc3(image, cfg, f"image {i}")
         h, w = a.shape[:2]
         size = glm4v_smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.temporal_patch_size)
-        a = _resize(a, cfg, size if cfg.do_resize else None)
-        rows.append(_patchify(a[None, None], cfg))
+        a = resize(a, cfg, size if cfg.do_resize else None)
+        rows.append(patchify(a[None, None], cfg))
         grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
     return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
+
+
+def image_preprocessor(variant: str):
+    """The `preprocess_*_images(images, config=...)` function of a tower variant's HF image processor."""
+    return {"paddleocr_vl": preprocess_paddleocr_images, "glm4v": preprocess_glm4v_images}.get(
+        variant, preprocess_images
+    )

@@ -7,7 +7,7 @@ preprocessor_config.json), so the real converter, loader and preprocessing run o
 The weights are random, so the PCA picture shows how the tower's features follow the input's
 local structure, not semantics.
 
-    python -m qwen_vit_jax.cli demo            # or: qwen-vit-jax demo [--variant qwen3-vl] [--size full]
+    python -m qwen_vit_jax.tools.cli demo            # or: qwen-vit-jax demo [--variant qwen3-vl] [--size full]
 """
 
 from __future__ import annotations
@@ -24,33 +24,25 @@ import time
 import numpy as np
 from PIL import Image, ImageDraw
 
-from qwen_vit_jax.config import (
-    GLM4V,
+from qwen_vit_jax.config import VisionConfig, dtype_named
+from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN3_5, QWEN3_FAMILY
+from qwen_vit_jax.preprocess.config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from qwen_vit_jax.preprocess.images import glm4v_smart_resize, paddleocr_smart_resize, smart_resize
+from qwen_vit_jax.presets import (
     GLM_4_1V_9B,
     GLM_4_5V,
-    PADDLEOCR_VL,
     PADDLEOCR_VL_0_9B,
     QWEN2_5_OMNI_3B,
     QWEN2_5_VL_3B,
-    QWEN3_5,
     QWEN3_5_35B_A3B,
-    QWEN3_FAMILY,
     QWEN3_OMNI_30B_A3B,
     QWEN3_VL_8B,
     QWEN3_VL_30B_A3B,
     QWEN4_EXP,
-    VisionConfig,
-    dtype_named,
 )
-from qwen_vit_jax.convert import RULES, dims_to_shape, write_safetensors
-from qwen_vit_jax.hf_reference import OMNI_FAMILIES, hf_config
-from qwen_vit_jax.preprocess import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    glm4v_smart_resize,
-    paddleocr_smart_resize,
-    smart_resize,
-)
+from qwen_vit_jax.tools.hf_reference import OMNI_FAMILIES, hf_config
+from qwen_vit_jax.weights.keys import RULES, dims_to_shape
+from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
 # A Qwen2.5-VL tower with both window and full-attention layers, small enough to compile and
 # run in seconds on two CPU cores.
@@ -315,14 +307,24 @@ def pca_picture(
     return out
 
 
-def _stack(pictures: list[Image.Image], gap: int = 8) -> Image.Image:
-    """Pictures one above the other on white."""
-    height = sum(p.height for p in pictures) + gap * (len(pictures) - 1)
-    out = Image.new("RGB", (max(p.width for p in pictures), height), (255, 255, 255))
-    y = 0
-    for p in pictures:
-        out.paste(p, (0, y))
-        y += p.height + gap
+def labelled(pictures: list[Image.Image], names: list[str], gap: int = 8) -> Image.Image:
+    """Pictures (`pca_picture`s) one above the other on white, under a title naming the two columns,
+    each with its name above it."""
+    from PIL import ImageFont
+
+    font = ImageFont.load_default(size=14)
+    line = 20
+    title = "left: the input image    right: the first 3 principal components of its tokens, as RGB"
+    width = max(max(p.width for p in pictures), int(font.getlength(title)) + 8)
+    height = line + sum(line + p.height for p in pictures) + gap * (len(pictures) - 1)
+    out = Image.new("RGB", (width, height), (255, 255, 255))
+    draw = ImageDraw.Draw(out)
+    draw.text((4, 2), title, fill=(0, 0, 0), font=font)
+    y = line
+    for name, p in zip(names, pictures):
+        draw.text((4, y + 2), name, fill=(60, 60, 60), font=font)
+        out.paste(p, (0, y + line))
+        y += line + p.height + gap
     return out
 
 
@@ -351,7 +353,7 @@ def prepare_checkpoint(
     `cache_dir`/demo-<size> (Qwen2.5-VL) or demo-<variant>-<size>: hf/ (HF layout, written by
     `write_random_hf_checkpoint`) and converted/ (`convert_checkpoint`). A cached directory whose
     config is not this tower's (an older layout) is rebuilt."""
-    from qwen_vit_jax.convert import convert_checkpoint, load_converted
+    from qwen_vit_jax.weights.convert import convert_checkpoint, load_converted
 
     cfg = demo_config(variant, size)
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -403,7 +405,7 @@ def run_demo(
     Returns:
       the path of the PNG.
     """
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     ckpt = prepare_checkpoint(size, cache_dir, log, variant)
     t0 = time.perf_counter()
@@ -415,8 +417,17 @@ def run_demo(
         f"{enc.dtype}, on {enc.device.platform} (loaded in {time.perf_counter() - t0:.1f} s)"
     )
 
+    from qwen_vit_jax import plan as planlib
+
     images = sample_images()
     m = cfg.spatial_merge_size
+    t0 = time.perf_counter()
+    planlib.make_plans([[1, 2 * m, 2 * m]], cfg)  # the host planner's numba kernels: compiled once, then cached
+    if (numba_s := time.perf_counter() - t0) > 0.5:
+        log(
+            f"host planner: numba compiled its kernels in {numba_s:.1f} s "
+            "(once after an install: cached on disk for later runs)"
+        )
     t0 = time.perf_counter()
     enc.encode_images(list(images.values()))
     t_first = time.perf_counter() - t0
@@ -448,6 +459,6 @@ def run_demo(
     pictures = [pca_picture(im, emb, (h // m, w // m)) for im, emb, (h, w) in zip(images.values(), embs, grids)]
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _stack(pictures).save(out, format="PNG")
+    labelled(pictures, [f"{name} ({im.width}x{im.height} px)" for name, im in images.items()]).save(out, format="PNG")
     log(f"saved the PCA picture (input | first 3 principal components of its tokens as RGB) -> {out}")
     return out

@@ -1,4 +1,5 @@
-"""`qwen-vit-jax`: convert | encode | verify | bench | demo.
+"""`qwen-vit-jax`: convert | export | encode | verify | bench | aot | demo, every one an argparse
+subcommand of this parser (`set_defaults(func=...)`).
 
     qwen-vit-jax demo                                    # random weights, no download, < 2 min
     qwen-vit-jax convert ~/Qwen2.5-VL-3B-Instruct q3b    # HF checkpoint -> our params
@@ -6,16 +7,17 @@
     qwen-vit-jax encode q3b photos/ clips/ -o emb.safetensors --fps 2
     qwen-vit-jax encode q3b photos/ -o emb.safetensors --coordinator h0:1234 --num-processes 2 --process-id 0
     qwen-vit-jax bench q3b --sizes 16x16,36x36
+    qwen-vit-jax aot --target h100 --variant qwen2.5-vl-3b
 
-Argument parsing and command glue. encode's inputs (finding, loading images and videos, the loop
-with progress, --keep-going and --resume) are encode_files.py, the embeddings file format
-embeddings.py (re-exported here for old users: `qwen_vit_jax.cli.read_embeddings`), several
-processes multihost.py.
+Argument parsing and command glue; the options several commands share and the long help texts
+are args.py. encode's inputs (finding, loading images and videos, the loop with progress,
+--keep-going and --resume) are data/encode_files.py, the embeddings file format
+data/embeddings.py, several processes runtime/multihost.py.
 
 Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
-(1; 2 for bad usage and for `verify` without torch / transformers), never a traceback for a bad
-path or input. This module imports jax, torch and the model code only inside the commands that
-need them (`verify` alone needs torch and transformers).
+(1; 2 for bad usage and for `verify` without torch / transformers; 130 when interrupted), never a
+traceback for a bad path or input. Building the parser imports no jax; each command imports what
+it needs (`verify` alone needs torch and transformers).
 """
 
 from __future__ import annotations
@@ -31,41 +33,76 @@ import time
 
 import numpy as np
 
-from qwen_vit_jax.batching import Progress  # noqa: F401 (re-exported, its old home)
-from qwen_vit_jax.embeddings import (  # noqa: F401 (read_embeddings: re-exported, its old home)
-    FORMAT,
-    LAYOUT,
-    VERSION,
-    Embeddings,
-    read_embeddings,
-    write_embeddings,
-)
-from qwen_vit_jax.encode_files import (  # noqa: F401 (load_image: re-exported, its old home)
+from qwen_vit_jax.data.embeddings import FORMAT, VERSION
+from qwen_vit_jax.data.encode_files import (
     IMAGE_SUFFIXES,
     VIDEO_SUFFIXES,
-    EncodeError,
     encode_files,
     find_inputs,
     input_patches,
-    load_image,
     resume_from,
 )
-
-PROG = "qwen-vit-jax"
-
-
-class CommandError(EncodeError):
-    """A failure to report as `error: <message>` with exit status 1."""
+from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.files import sigterm_as_interrupt
+from qwen_vit_jax.tools.args import (
+    AOT_HELP,
+    BENCH_HELP,
+    CONVERT_HELP,
+    DEMO_HELP,
+    ENCODE_HELP,
+    EXPORT_HELP,
+    PROG,
+    TOWERS,
+    VERIFY_HELP,
+    CommandError,
+    add_checkpoint,
+    add_compile_cache,
+    add_dtype,
+    add_overwrite,
+    parse_sizes,
+)
 
 
 def _error(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
 
 
+# ---- convert / export ----------------------------------------------------------------------------
+def cmd_convert(args) -> int:
+    from qwen_vit_jax.weights.convert import convert_checkpoint, load_converted
+
+    t0 = time.perf_counter()
+    try:
+        out = convert_checkpoint(args.hf_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: convert_checkpoint removed its temporary output
+        raise KeyboardInterrupt("nothing written") from None
+    cfg, params, meta = load_converted(out)
+    n = sum(int(np.prod(params.shape(k))) for k in params)
+    print(
+        f"converted {cfg.variant} vision tower (depth {cfg.depth}, width {cfg.width}): {n:,} params in "
+        f"{len(params)} tensors, dtype {meta['dtype']}, {time.perf_counter() - t0:.1f} s -> {out}"
+    )
+    return 0
+
+
+def cmd_export(args) -> int:
+    from qwen_vit_jax.weights.export import export_params
+    from qwen_vit_jax.weights.sources import load_source
+
+    t0 = time.perf_counter()
+    try:
+        cfg, params, _ = load_source(args.model_dir)
+        out = export_params(cfg, params, args.out_dir, like=args.like, overwrite=args.overwrite, link=not args.copy)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("nothing written") from None
+    print(f"exported {cfg.variant} vision tower into an HF checkpoint in {time.perf_counter() - t0:.1f} s -> {out}")
+    return 0
+
+
 # ---- encode ---------------------------------------------------------------------------------------
 def cmd_encode(args) -> int:
-    from qwen_vit_jax import multihost
-    from qwen_vit_jax.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+    from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+    from qwen_vit_jax.runtime import multihost
 
     out = pathlib.Path(args.output)
     check_suffix(out)
@@ -122,15 +159,15 @@ def cmd_encode(args) -> int:
     todo = [p for p in paths if p not in done]
     if args.resume:
         where = f"the shards of {out}" if sharded else str(out)
-        print(f"resume: {len(paths) - len(todo)} of {len(paths)} inputs already in {where}", file=sys.stderr)
+        print(f"resume: {len(paths) - len(todo)} of {count(len(paths), 'input')} already in {where}", file=sys.stderr)
         if not todo and not sharded:
-            print(f"nothing to do: {out} holds all {len(paths)} inputs")
+            print(f"nothing to do: {out} holds all {count(len(paths), 'input')}")
             return 0
     # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
-    paths = multihost.share(todo, image_cfg, cluster, lambda p: input_patches(p, image_cfg, video_cfg))
+    paths = multihost.share(todo, cluster, lambda p: input_patches(p, image_cfg, video_cfg))
     if sharded:
         print(
-            f"process {cluster.index} of {cluster.count}: {len(paths)} of {len(todo)} inputs -> {target}",
+            f"process {cluster.index} of {cluster.count}: {len(paths)} of {count(len(todo), 'input')} -> {target}",
             file=sys.stderr,
         )
     # With several processes an unreadable input is skipped, as with --keep-going: every process must
@@ -149,10 +186,10 @@ def cmd_encode(args) -> int:
     )
     held = len(r.names) + (0 if old is None else len(old.names))
     print(
-        f"encoded {len(r.names)} inputs ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
+        f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
         f"({len(r.names) / max(r.seconds, 1e-9):.1f} inputs/s on {len(enc.devices)} device(s); "
         f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
-        f"({held} inputs)"
+        f"({count(held, 'input')})"
     )
     if sharded:
         multihost.barrier("qwen_vit_jax encode: all shards written")
@@ -164,7 +201,7 @@ def cmd_encode(args) -> int:
             )
     if r.failed:
         raise CommandError(
-            f"{len(r.failed)} of {len(paths)} inputs could not be read (listed above); "
+            f"{len(r.failed)} of {count(len(paths), 'input')} could not be read (listed above); "
             f"{target} holds the others: fix or remove them and rerun with --resume"
         )
     return 0
@@ -186,7 +223,7 @@ def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None)
     them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id."""
     import jax
 
-    from qwen_vit_jax.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     devices = jax.local_devices()
     return VisionEncoder.from_pretrained(
@@ -205,9 +242,9 @@ def cmd_verify(args) -> int:
             f"({e}); install them, e.g. pip install 'qwen_vit_jax[test]'"
         )
         return 2
-    from qwen_vit_jax import hf_reference
     from qwen_vit_jax.config import VisionConfig
-    from qwen_vit_jax.sources import HF_DIR, HUB, resolve_source
+    from qwen_vit_jax.tools import hf_reference
+    from qwen_vit_jax.weights.sources import HF_DIR, HUB, resolve_source
 
     src = resolve_source(args.hf_dir)  # an HF dir or a cached hub id
     if src.kind not in (HF_DIR, HUB):
@@ -242,37 +279,31 @@ def cmd_verify(args) -> int:
 
 
 # ---- bench ----------------------------------------------------------------------------------------
-def parse_sizes(text: str) -> list[tuple[int, int, int]]:
-    """ "16x16,2x36x36" -> [(1, 16, 16), (2, 36, 36)]: HxW (an image) or TxHxW (a video), in patches."""
-    sizes = []
-    for item in text.split(","):
-        try:
-            dims = [int(v) for v in item.strip().lower().split("x")]
-        except ValueError:
-            dims = []
-        if len(dims) not in (2, 3) or min(dims) <= 0:
-            raise CommandError(f"--sizes: {item.strip()!r} is not HxW or TxHxW in patches (e.g. 16x16, 2x36x36)")
-        sizes.append(tuple(dims) if len(dims) == 3 else (1, *dims))
-    return sizes
-
-
 def cmd_bench(args) -> int:
     sizes = parse_sizes(args.sizes)
     if args.repeats <= 0:
         raise CommandError(f"--repeats must be positive, got {args.repeats}")
     enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
     cfg = enc.cfg
+    from qwen_vit_jax import plan as planlib
+
+    grids = []
+    for size in sizes:  # every size checked before the first compile
+        try:
+            grids.append(planlib.as_grid([size], cfg))
+        except ValueError as e:
+            raise CommandError(f"--sizes: {'x'.join(map(str, size))}: {e}") from None
     print(
         f"{cfg.variant} depth {cfg.depth} width {cfg.width}, {enc.dtype}, on {enc.device.platform}, "
         f"median of {args.repeats}"
     )
     print(f"{'size':>10} {'patches':>8} {'bucket':>7} {'compile s':>10} {'median s':>9} {'patches/s':>10}")
     rng = np.random.default_rng(0)
-    for t, h, w in sizes:
-        grid = np.array([[t, h, w]])
+    for grid in grids:
+        ((t, h, w),) = grid.key
         pixels = rng.standard_normal((t * h * w, cfg.patch_dim), dtype=np.float32)
         t0 = time.perf_counter()
-        buckets = enc.warmup([grid])  # also validates the grid (h, w even); a huge grid may span several
+        buckets = enc.warmup([grid])  # a huge grid may span several
         compile_s = time.perf_counter() - t0
         times = []
         for _ in range(args.repeats):
@@ -286,9 +317,9 @@ def cmd_bench(args) -> int:
     return 0
 
 
-# ---- demo / convert -------------------------------------------------------------------------------
+# ---- demo ---------------------------------------------------------------------------------------
 def cmd_demo(args) -> int:
-    from qwen_vit_jax.demo import run_demo
+    from qwen_vit_jax.tools.demo import run_demo
 
     t0 = time.perf_counter()
     run_demo(args.size, args.cache_dir, args.out, variant=args.variant)
@@ -296,99 +327,86 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# ---- aot ------------------------------------------------------------------------------------------
+def cmd_aot(args) -> int:
+    import dataclasses
+    import json
+
+    import jax
+
+    from qwen_vit_jax.presets import PRESETS
+    from qwen_vit_jax.tools import aot
+
+    if (args.checkpoint is None) == (args.variant is None):
+        raise CommandError("give a checkpoint directory or --variant PRESET (one of them)")
+    if args.devices < 1:
+        raise CommandError(f"--devices must be >= 1, got {args.devices}")
+    grids = [np.array([s]) for s in parse_sizes(args.sizes)]
+    jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compile targets are deviceless
+    jax.config.update("jax_enable_compilation_cache", False)  # a deviceless program cannot be loaded back
+    cfg = PRESETS[args.variant] if args.variant else aot.config_of(args.checkpoint)
+    target = aot.target_named(args.target)
+    name = args.variant or args.checkpoint
+    print(
+        f"{name}: {cfg.variant}, depth {cfg.depth}, width {cfg.width}; {args.dtype}, attention {args.attention}; "
+        f"target {target.description} x {args.devices} (deviceless compile; peaks: "
+        f"{target.peak_flops[args.dtype] / 1e12:,.0f} TFLOP/s, {target.bandwidth / 1e12:.2f} TB/s, "
+        f"{target.memory_bytes / aot.GIB:.0f} GiB per device)"
+    )
+    try:
+        reports = aot.run(args.target, cfg, grids, args.dtype, args.devices, args.attention, progress=None)
+    except aot.CompilerMissing as e:
+        raise CommandError(str(e)) from None
+    print(aot.format_reports(reports))
+    print(
+        "memory: per device, from the compiled program; GFLOP / GB moved: one device's matmuls (operands read "
+        "and results written once); roofline: an estimate at published peaks, not a measurement"
+    )
+    if args.json:
+        rows = [
+            {**dataclasses.asdict(r), "bucket": dataclasses.asdict(r.bucket), "peak_bytes": r.peak_bytes}
+            | {"fits": r.fits(), "roofline_s": r.roofline_s}
+            for r in reports
+        ]
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "checkpoint": name, "reports": rows}, f, indent=1)
+    return 1 if any(r.host_ops for r in reports) else 0
+
+
 # ---- the parser -----------------------------------------------------------------------------------
-ENCODE_HELP = f"""\
-Encode image and video files (or folders of them) with a converted checkpoint and write every
-input's merged-token embeddings to one file, atomically (a temporary file renamed into place).
-Images follow the checkpoint's preprocessor_config.json (HF's defaults without one), EXIF
-orientation applied. Videos (told apart by extension, else by content; decoding needs PyAV:
-pip install 'qwen_vit_jax[video]') are decoded, sampled and sized as HF's video processor for the
-checkpoint does (its video_preprocessor_config.json, else preprocessor_config.json): --fps,
---num-frames and --max-frames override its sampling; one progress line per video on stderr.
-
-{LAYOUT}
-unreadable inputs: a file that cannot be decoded or preprocessed (a corrupt or truncated video,
-say) stops the run with an error naming it; the inputs finished before it are written. With
---keep-going it is skipped with a warning instead, the others are encoded and written, and the
-exit status is 1. Fix or remove the file, then rerun the same command with --resume to add it.
-
-interruptions: OUT is rewritten with the inputs done so far every 10 minutes and on Ctrl-C;
-the same command with --resume continues from there. The embeddings are held in memory until
-written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's D = 2048), so
-encode very large collections into several files.
-
-devices: all of this process's devices (jax.local_devices()) share each call, frames balanced
-across them; --batch-patches defaults to 16384 patches per device.
-
-several processes / hosts: run the same command on the same inputs in every process, with
---coordinator HOST:PORT --num-processes N --process-id I (or --distributed under SLURM, Open MPI,
-a Cloud TPU slice or Kubernetes). The inputs are cut into N consecutive slices of nearly equal
-patch count; process I writes OUT-stem-0000I-of-0000N.suffix (e.g. emb-00001-of-00002.safetensors),
-and process 0, once every shard exists, OUT.index.json. qwen_vit_jax.read_embeddings(OUT) reads
-the set in input order. --resume works per shard (same inputs, same N); unreadable inputs are
-skipped as with --keep-going. See docs/multi_device.md.
-"""
-
-VERIFY_HELP = """\
-Run HF transformers' vision tower (float32, weights read from HF_DIR) and ours on the same
-random pixel inputs (an image whose sides divide into windows, two images with edge windows,
-a 3-frame video) and print, per case, the max abs error, relative Frobenius error and minimum
-per-token cosine similarity, against the bars of docs/numerics.md:
-  float32:  rel err <= 1e-5 and max abs <= 1e-4 * max|ref|
-  bfloat16: min cos >= 0.999 and rel err <= 2e-2       (--bf16; still vs HF float32)
-Only the vision tensors are read: a 7B checkpoint's language model is never loaded.
-Exit status: 0 if every case passes, 1 if one fails, 2 without torch / transformers.
-"""
-
-BENCH_HELP = """\
-Time the forward of a checkpoint (converted dir, HF dir or cached hub id) on random inputs.
-Per size: the compile time of its bucket's program, and the median wall time of --repeats
-calls (host planning, transfer, compute and fetch; no image preprocessing).
-"""
-
-DEMO_HELP = """\
-No download: write a random-weight checkpoint in the real HF layout (cached), convert it with
-the real converter, preprocess a few generated images, encode them twice (compile, then a warm
-call), print shapes, timings and compile counts, and save a picture: each image next to the
-first three principal components of its tokens as RGB.
-  --variant qwen2.5-vl (default) or qwen3-vl (learned position table, deepstack mergers); the
-            same towers as other families write those families' layouts: qwen3-vl-moe,
-            qwen3.5-moe, qwen4-exp, qwen3-omni, qwen2.5-omni; paddleocr-vl, glm-4v, glm-4.5v (docs/family.md)
-  tiny: a 4-block tower in float32; well under a minute on 2 CPU cores
-  full: the variant's released tower (Qwen2.5-VL-3B, alias 3b; Qwen3-VL-8B; the families' presets),
-        random bfloat16 weights (1.3 / 1.2 GB on disk), run in bfloat16
-"""
-# demo.VARIANTS' keys (spelled out here: building the parser imports no model code)
-DEMO_VARIANTS = (
-    "qwen2.5-vl",
-    "qwen3-vl",
-    "qwen3-vl-moe",
-    "qwen3.5-moe",
-    "qwen4-exp",
-    "qwen3-omni",
-    "qwen2.5-omni",
-    "paddleocr-vl",
-    "glm-4v",
-    "glm-4.5v",
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from qwen_vit_jax.presets import PRESETS  # the tables the choices come from (no jax)
+    from qwen_vit_jax.tools.demo import VARIANTS as DEMO_VARIANTS
+    from qwen_vit_jax.tools.targets import TARGETS
+
     fmt = argparse.RawDescriptionHelpFormatter
     ap = argparse.ArgumentParser(
         prog=PROG,
         formatter_class=fmt,
-        description="The Qwen2-VL / Qwen2.5-VL vision tower in JAX: convert HF checkpoints, encode\n"
-        "images and videos, check against HF transformers, benchmark, and a no-download demo.",
+        description=f"The vision towers of {TOWERS}\nin JAX: convert HF checkpoints, encode images and videos, check "
+        "against HF transformers,\nbenchmark, compile for accelerators ahead of time, and a no-download demo.",
         epilog=f"Start with `{PROG} demo`. `{PROG} COMMAND --help` explains each command.",
     )
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
-    sub.add_parser("convert", add_help=False, help="HF checkpoint -> qwen_vit_jax params (HF_DIR OUT_DIR)")
-    sub.add_parser(
-        "export", add_help=False, help="a tower -> an HF checkpoint like HF_DIR (MODEL_DIR OUT_DIR --like HF_DIR)"
+    p = sub.add_parser(
+        "convert", formatter_class=fmt, help="HF checkpoint -> qwen_vit_jax params", description=CONVERT_HELP
     )
-    sub.add_parser("aot", add_help=False, help="compile for an H100 / H200 / TPU without one: memory, roofline")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output directory (must not exist unless --overwrite)")
+    add_dtype(p, None, "cast the params (default: keep the checkpoint's dtype)")
+    add_overwrite(p, "output in OUT_DIR")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser(
+        "export", formatter_class=fmt, help="a tower -> an HF checkpoint like HF_DIR", description=EXPORT_HELP
+    )
+    add_checkpoint(p, "model_dir", "MODEL_DIR")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="the new HF checkpoint directory")
+    p.add_argument("--like", metavar="HF_DIR", required=True, help="the HF checkpoint (dir or cached hub id)")
+    add_overwrite(p, "export in OUT_DIR")
+    p.add_argument("--copy", action="store_true", help="copy the shards without vision tensors (default: link)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "encode",
@@ -397,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=ENCODE_HELP,
         epilog=f"example: {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
+    add_checkpoint(p)
     p.add_argument(
         "inputs",
         metavar="INPUT",
@@ -407,12 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
         + "), sorted by name",
     )
     p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file, .safetensors or .npz")
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="compute dtype (default float32, exact vs HF; bfloat16 is ~2x faster on CPUs with bf16)",
-    )
+    add_dtype(p, help="compute dtype: float32 is exact vs HF; bfloat16 is ~2x faster on CPUs with bf16")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--resume",
@@ -420,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="if OUT exists, skip the inputs it already holds (by name) and write OUT again "
         "with the new ones appended; the checkpoint, dtype, pixel limits and frame sampling must match",
     )
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    add_overwrite(mode, "OUT")
     p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
     p.add_argument(
         "--keep-going",
@@ -450,12 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full size: ~16k patches)",
     )
-    p.add_argument(
-        "--compile-cache",
-        metavar="DIR",
-        help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
-        "loads them instead of compiling",
-    )
+    add_compile_cache(p)
     g = p.add_argument_group("several processes (one shard of OUT each)")
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
     g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
@@ -466,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="let jax.distributed.initialize() find the cluster (SLURM, Open MPI, Cloud TPU, "
         "Kubernetes) instead of the three flags above",
     )
+    p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser(
         "verify",
@@ -483,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bf16", action="store_true", help="also check our bfloat16 mode")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(
         "bench",
@@ -491,21 +501,41 @@ def build_parser() -> argparse.ArgumentParser:
         description=BENCH_HELP,
         epilog=f"example: {PROG} bench q3b --sizes 16x16,36x36,2x24x24 --dtype bfloat16",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
+    add_checkpoint(p)
     p.add_argument(
         "--sizes",
         default="16x16,36x36",
         help="comma-separated grids in patches: HxW (an image) or TxHxW (a video); H and W even "
         "(default 16x16,36x36; 36x36 patches is a 504x504-pixel image)",
     )
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
+    add_dtype(p)
     p.add_argument("--repeats", type=int, default=3, help="timed calls per size (default 3)")
-    p.add_argument(
-        "--compile-cache",
-        metavar="DIR",
-        help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
-        "loads them instead of compiling",
+    add_compile_cache(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "aot",
+        formatter_class=fmt,
+        help="compile for an H100 / H200 / TPU without one: memory, FLOPs, roofline",
+        description=AOT_HELP,
+        epilog=f"example: {PROG} aot --target tpu-v5e --variant qwen3-vl-8b --devices 8",
     )
+    p.add_argument("checkpoint", nargs="?", help="a converted or HF checkpoint directory (only its config is read)")
+    p.add_argument("--target", required=True, choices=tuple(TARGETS), help="the accelerator to compile for")
+    p.add_argument("--variant", choices=tuple(PRESETS), help="a released tower's preset instead of a checkpoint")
+    add_dtype(p, "bfloat16")
+    p.add_argument(
+        "--sizes",
+        default="36x36,10x36x36,16x32x32",
+        help="comma-separated requests in patches, HxW or TxHxW (default 36x36,10x36x36,16x32x32: a 36x36 "
+        "image, a 10-frame video, a request that fills the largest bucket)",
+    )
+    p.add_argument("--devices", type=int, default=1, help="devices: N > 1 compiles the mesh program (default 1)")
+    p.add_argument(
+        "--attention", choices=("xla", "kernel"), default="xla", help="the XLA schedule or the platform's kernel"
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the reports as JSON")
+    p.set_defaults(func=cmd_aot)
 
     p = sub.add_parser(
         "demo",
@@ -515,10 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"example: {PROG} demo --size tiny --out demo.png",
     )
     p.add_argument(
-        "--variant",
-        choices=DEMO_VARIANTS,
-        default="qwen2.5-vl",
-        help="tower family (default qwen2.5-vl)",
+        "--variant", choices=tuple(DEMO_VARIANTS), default="qwen2.5-vl", help="tower family (default qwen2.5-vl)"
     )
     p.add_argument(
         "--size",
@@ -532,46 +559,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where checkpoints are kept (default $QWEN_VIT_JAX_CACHE, else ~/.cache/qwen_vit_jax)",
     )
+    p.set_defaults(func=cmd_demo)
     return ap
-
-
-COMMANDS = {"encode": cmd_encode, "verify": cmd_verify, "bench": cmd_bench, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    from qwen_vit_jax.convert import sigterm_as_interrupt
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        if argv[:1] == ["convert"]:  # convert.py owns that parser (also behind convert_weights.py)
-            from qwen_vit_jax.convert import main as convert_main
-
-            return convert_main(argv[1:], prog=f"{PROG} convert")
-        if argv[:1] == ["export"]:  # export.py owns that parser
-            from qwen_vit_jax.export import main as export_main
-
-            return export_main(argv[1:], prog=f"{PROG} export")
-        if argv[:1] == ["aot"]:  # aot.py owns its parser
-            from qwen_vit_jax.aot import main as aot_main
-
-            return aot_main(argv[1:], prog=f"{PROG} aot")
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help(sys.stderr)
             return 2
         with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: temporary files are removed
-            return COMMANDS[args.command](args)
+            return args.func(args)
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 1
-    except CommandError as e:
+    except (OSError, ValueError) as e:  # CommandError, missing files, bad checkpoints (CheckpointError), bad inputs
         _error(str(e))
         return 1
-    except (OSError, ValueError) as e:  # missing files, bad checkpoints (CheckpointError), bad inputs
-        _error(str(e))
-        return 1
-    except KeyboardInterrupt:
-        _error("interrupted")
+    except KeyboardInterrupt as e:
+        _error("interrupted" + (f"; {e}" if str(e) and not str(e).startswith("signal") else ""))
         return 130
 
 

@@ -16,9 +16,11 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from qwen_vit_jax.batching import Progress, pack, prefetch
-from qwen_vit_jax.embeddings import Embeddings, read_embeddings, write_embeddings
-from qwen_vit_jax.preprocess import PreprocessConfig
+from qwen_vit_jax.data.embeddings import Embeddings, read_embeddings, write_embeddings
+from qwen_vit_jax.data.stream import Progress, count, prefetch
+from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.images import smart_resize
+from qwen_vit_jax.runtime.batching import pack
 
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".jfif"}
@@ -82,7 +84,7 @@ def is_video(path: str) -> bool:
             return False
     except (UnidentifiedImageError, OSError):
         pass
-    from qwen_vit_jax.video import probe
+    from qwen_vit_jax.preprocess.video import probe
 
     try:
         probe(path)
@@ -107,8 +109,8 @@ def load_inputs(
     """Each of `paths` loaded and preprocessed, in order (a video decoded and sampled by `video_cfg`,
     with a line on stderr). A file that fails is recorded in `failed` as (path, reason) and skipped
     with `keep_going`, else ends the inputs there (the ones before it still reach the encoder)."""
-    from qwen_vit_jax.preprocess import preprocess_images
-    from qwen_vit_jax.video import preprocess_video
+    from qwen_vit_jax.preprocess.images import preprocess_images
+    from qwen_vit_jax.preprocess.video import preprocess_video
 
     every_frame = not (video_cfg.do_sample_frames and (video_cfg.fps or video_cfg.num_frames))
     for path in paths:
@@ -146,11 +148,9 @@ def input_patches(path: str, image_cfg: PreprocessConfig, video_cfg: PreprocessC
     """Patches an input will have, from headers alone (what the split across processes balances):
     an image's size, a video's container metadata with the sampling and sizing of `video_cfg`. 0 for
     a file that cannot be read: it fails later, in the one process that owns it."""
-    from qwen_vit_jax.multihost import image_patches
-
     if not is_video(path):
         return image_patches(path, image_cfg)
-    from qwen_vit_jax.video import frame_size, probe, sample_indices
+    from qwen_vit_jax.preprocess.video import frame_size, probe, sample_indices
 
     try:
         info = probe(path)
@@ -161,6 +161,23 @@ def input_patches(path: str, image_cfg: PreprocessConfig, video_cfg: PreprocessC
     except Exception:  # noqa: BLE001 (any unreadable header: the owning process reports it)
         return 0
     return -(-n // cfg.temporal_patch_size) * (h // cfg.patch_size) * (w // cfg.patch_size)
+
+
+def image_patches(path: str, preprocess: PreprocessConfig) -> int:
+    """Patches an image file will have after preprocessing, from its header alone (size and EXIF
+    orientation; no decoding). 0 for a file PIL cannot open: it fails later, in one process."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            if im.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that swap the sides
+                w, h = h, w
+        if preprocess.do_resize:
+            h, w = smart_resize(h, w, preprocess.factor, preprocess.min_pixels, preprocess.max_pixels)
+    except Exception:  # noqa: BLE001 (any unreadable header: the owning process reports it)
+        return 0
+    return (h // preprocess.patch_size) * (w // preprocess.patch_size)
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -249,7 +266,8 @@ def encode_files(
         if names:
             save()
             raise EncodeError(
-                f"interrupted: {len(names)} new inputs written to {target}; the same command with --resume continues"
+                f"interrupted: {count(len(names), 'new input')} written to {target}; "
+                "the same command with --resume continues"
             ) from None
         raise
     finally:
@@ -260,7 +278,7 @@ def encode_files(
         (path, reason), held = failed[0], ""
         if names:
             save()
-            held = f"; the {len(names)} inputs before it are written to {target}, --resume continues"
+            held = f"; the {count(len(names), 'input')} before it written to {target}, --resume continues"
         raise EncodeError(
             f"cannot read {path}: {reason}{held or '; nothing written'} (--keep-going skips unreadable inputs)"
         )

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from qwen_vit_jax.batching import split_even
-from qwen_vit_jax.preprocess import PreprocessConfig, smart_resize
+from qwen_vit_jax.runtime.batching import split_even
 
 INIT_TIMEOUT_S = 300  # how long a process waits for the others to join (JAX's default)
 
@@ -72,32 +71,14 @@ def initialize(
     return Cluster(index=jax.process_index(), count=jax.process_count())
 
 
-def image_patches(path: str, preprocess: PreprocessConfig) -> int:
-    """Patches an image file will have after preprocessing, from its header alone (size and EXIF
-    orientation; no decoding). 0 for a file PIL cannot open: it fails later, in one process."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-            if im.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientations that swap the sides
-                w, h = h, w
-        if preprocess.do_resize:
-            h, w = smart_resize(h, w, preprocess.factor, preprocess.min_pixels, preprocess.max_pixels)
-    except Exception:  # noqa: BLE001 (any unreadable header: the owning process reports it)
-        return 0
-    return (h // preprocess.patch_size) * (w // preprocess.patch_size)
-
-
-def share(paths: list[str], preprocess: PreprocessConfig, cluster: Cluster, patches=None) -> list[str]:
-    """This process's consecutive slice of `paths`, the slices balanced by patch count (every
-    process computes the same split: same files, same headers). `patches(path)` counts an input's
-    patches (default: `image_patches` with `preprocess`)."""
+def share(items: list, cluster: Cluster, patches) -> list:
+    """This process's consecutive slice of `items`, the slices balanced by patch count (every
+    process computes the same split: same inputs, same headers). `patches(item)` counts an input's
+    patches."""
     if cluster.count == 1:
-        return paths
-    count = patches or (lambda p: image_patches(p, preprocess))
-    a, b = split_even([count(p) for p in paths], cluster.count)[cluster.index]
-    return paths[a:b]
+        return items
+    a, b = split_even([patches(p) for p in items], cluster.count)[cluster.index]
+    return items[a:b]
 
 
 def barrier(name: str) -> None:

@@ -1,7 +1,7 @@
 """LoRA on the tower's block projections with Flax's own `nnx.LoRA`: `add_lora`, `merge_lora`.
 
 The blocks are stacked (every parameter leads with [depth]) and run under lax.scan, one layer's
-slice at a time (model.py). The adapters are therefore stacked the same way: `add_lora` replaces
+slice at a time (vit.py). The adapters are therefore stacked the same way: `add_lora` replaces
 a block Linear (kernel [L, in, out]) by a `LoRA` module whose `base_module` is that Linear and
 whose `lora_a` [L, in, r], `lora_b` [L, r, out] and `scale` [L] are sliced with it, so the
 forward, remat and the scan need no change. "Chosen layers" are a per-layer scale: alpha / rank
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from qwen_vit_jax.model import Linear
+from qwen_vit_jax.model.vit import Linear
 
 # Short name -> (the block's submodule, attribute); which ones exist depends on the variant's MLP.
 TARGETS = {
@@ -80,7 +80,7 @@ def _layer_scales(layers, depth: int, scale: float) -> np.ndarray:
 
 
 def _stacked_lora(base: Linear, rank: int, scales: np.ndarray, rngs: nnx.Rngs) -> LoRA:
-    """One LoRA per block, stacked like the blocks (nnx.vmap over fresh keys, as model.py builds
+    """One LoRA per block, stacked like the blocks (nnx.vmap over fresh keys, as vit.py builds
     them): lora_a [L, in, r], lora_b [L, r, out], scale [L]."""
     depth, din, dout = base.kernel[...].shape  # [L, in, out]
 

@@ -22,7 +22,8 @@ import pathlib
 
 import numpy as np
 
-from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL, VisionConfig
+from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -238,7 +239,7 @@ def _vision_model_type(cfg: VisionConfig) -> str:
 
 
 def hf_vision_config(cfg: VisionConfig) -> dict:
-    """`cfg` as the `vision_config` dict of its HF family (the naming trap: config.py)."""
+    """`cfg` as the `vision_config` dict of its HF family (the naming trap: families.py)."""
     common = {
         "model_type": _vision_model_type(cfg),
         "depth": cfg.depth,
@@ -432,7 +433,7 @@ def load_hf_vision_tower(hf_dir: str | pathlib.Path):
     own torch reader, independent of ours): a 7B checkpoint's language model is never loaded."""
     from safetensors import safe_open
 
-    from qwen_vit_jax.convert import locate_tensors, vision_prefix
+    from qwen_vit_jax.weights.hf_read import locate_tensors, vision_prefix
 
     hf_dir = pathlib.Path(hf_dir)
     cfg = VisionConfig.from_hf(hf_dir)

@@ -2,7 +2,7 @@
 like=hf_dir)` and `qwen-vit-jax export MODEL_DIR OUT_DIR --like HF_DIR`.
 
 The output is `like` with the vision tensors replaced:
-  * every vision tensor of `like` is taken from the model (convert.py's key table run backwards:
+  * every vision tensor of `like` is taken from the model (keys.py's key table run backwards:
     kernels [in, out] -> torch [out, in], the patch kernel [P, D] -> Conv3d [D, C, T, p, p], row l
     of a stacked [L, ...] param -> block l) and stored in that tensor's own dtype, at the same
     place in the same shard: the shard's header is kept byte for byte, only the vision tensors'
@@ -21,43 +21,19 @@ removes it. No torch, transformers or jax import at module level (jax only to re
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import re
 import shutil
-import sys
-import tempfile
-import time
 
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.convert import (
-    CONFIG_FILE,
-    RULES,
-    CheckpointError,
-    Rule,
-    _conv,
-    _fsync,
-    _identity,
-    _install,
-    _linear,
-    dims_to_shape,
-    expected_param_shapes,
-    locate_tensors,
-    sigterm_as_interrupt,
-    vision_prefix,
-)
-from qwen_vit_jax.safetensors_io import _ST_DTYPES, SafetensorsFile
-from qwen_vit_jax.sources import CONVERTED, load_source, resolve_source
-
-# convert.py's transforms run backwards: our param row -> the HF tensor (its `src` shape).
-_INVERSE = {
-    _identity: lambda w, shape: w,
-    _linear: lambda w, shape: w.T,  # kernel [in, out] -> torch Linear weight [out, in]
-    _conv: lambda w, shape: w.T.reshape(shape),  # [P, D] -> [D, P] -> Conv3d [D, C, T, p, p]
-}
+from qwen_vit_jax.files import atomic_dir, fsync
+from qwen_vit_jax.weights.hf_read import CONFIG_FILE, locate_tensors, vision_prefix
+from qwen_vit_jax.weights.keys import INVERSE, RULES, Rule, dims_to_shape, expected_param_shapes
+from qwen_vit_jax.weights.safetensors_io import ST_DTYPES, CheckpointError, SafetensorsFile
+from qwen_vit_jax.weights.sources import CONVERTED, resolve_source
 
 
 def hf_tensors_for(cfg: VisionConfig, keys: list[str], prefix: str, where: str) -> dict[str, tuple[Rule, int | None]]:
@@ -98,7 +74,7 @@ def hf_tensor(rule: Rule, row: int | None, params: dict[str, np.ndarray], cfg: V
     w = np.asarray(params[rule.target])
     w = w if row is None else w[row]
     if w.dtype == np.uint16:  # bf16 weights held as bits (model.as_bits): reinterpret, exactly
-        w = w.view(_ST_DTYPES["BF16"])
+        w = w.view(ST_DTYPES["BF16"])
     dst, src = dims_to_shape(rule.dst, cfg), dims_to_shape(rule.src, cfg)
     if rule.target.startswith("blocks.mlp.") and w.shape != dst and w.ndim == len(dst):
         # A tower built for a TPU stores the MLP's hidden width rounded up (Numerics.mlp_multiple)
@@ -112,7 +88,7 @@ def hf_tensor(rule: Rule, row: int | None, params: dict[str, np.ndarray], cfg: V
         w = w[crop]
     if w.shape != dst:
         raise ValueError(f"{rule.target}" + ("" if row is None else f"[{row}]") + f": shape {w.shape}, expected {dst}")
-    return _INVERSE[rule.transform](w, src)
+    return INVERSE[rule.transform](w, src)
 
 
 def _check_out(out: pathlib.Path, like: pathlib.Path, overwrite: bool) -> None:
@@ -137,7 +113,7 @@ def _carry(src: pathlib.Path, dst: pathlib.Path, link: bool) -> None:
         except OSError:  # another file system, or links not allowed: copy
             pass
     shutil.copyfile(real, dst)
-    _fsync(dst)
+    fsync(dst)
 
 
 def export_params(
@@ -179,6 +155,7 @@ def export_params(
         ]
         raise ValueError(f"the model's tower differs from {hf_dir}'s vision config: {'; '.join(diff)}")
     shapes = expected_param_shapes(cfg)
+    params = dict(params)  # each tensor read once (a converted checkpoint's are read when looked up)
     bad = sorted(set(shapes) ^ set(params))
     if bad:
         raise ValueError(f"params do not match the {cfg.variant} config: {', '.join(bad[:10])}")
@@ -192,12 +169,7 @@ def export_params(
     for key in vision:
         by_file.setdefault(where[key], []).append(key)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        umask = os.umask(0o22)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result is an ordinary directory
+    with atomic_dir(out) as tmp:
         for path, keys in by_file.items():  # shards holding vision tensors: copy, then rewrite in place
             f = SafetensorsFile(path)
             dst = tmp / path.name
@@ -210,7 +182,7 @@ def export_params(
                     a = hf_tensor(*mapping[key], params, cfg)
                     if a.shape != shape:
                         raise CheckpointError(f"{path}: tensor {key!r} has shape {shape}, the model's is {a.shape}")
-                    a = np.ascontiguousarray(a.astype(_ST_DTYPES[st], copy=False)).view(np.uint8).reshape(-1)
+                    a = np.ascontiguousarray(a.astype(ST_DTYPES[st], copy=False)).view(np.uint8).reshape(-1)
                     assert a.size == end - begin  # dtype and shape equal: the bytes fit the slot exactly
                     w.seek(f.data_start + begin)
                     w.write(a.data)
@@ -220,17 +192,12 @@ def export_params(
             if path.name.startswith(".") or not path.is_file() or (tmp / path.name).exists():
                 continue
             _carry(path, tmp / path.name, link and path.suffix == ".safetensors")
-        _fsync(tmp)
-        _install(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
 def model_params(model) -> dict[str, np.ndarray]:
     """The model's flat params as host arrays, LoRA adapters merged (the model is not changed)."""
-    from qwen_vit_jax.lora import merged_params
+    from qwen_vit_jax.model.lora import merged_params
 
     return {k: np.asarray(v) for k, v in merged_params(model).items()}
 
@@ -249,31 +216,3 @@ def export_hf(
       link: hard-link the shards without vision tensors (False: copy them).
     """
     return export_params(model.cfg, model_params(model), out_dir, like=like, overwrite=overwrite, link=link)
-
-
-def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
-    """`MODEL_DIR OUT_DIR --like HF_DIR [--overwrite] [--copy]`; prints one summary line."""
-    ap = argparse.ArgumentParser(
-        prog=prog,
-        description="Write a tower (a converted directory, e.g. fine-tuned) as a complete HF checkpoint laid out "
-        "like HF_DIR: the vision tensors from MODEL_DIR in HF_DIR's dtypes, every other tensor and file unchanged.",
-    )
-    ap.add_argument("model_dir", metavar="MODEL_DIR", help="the tower: converted dir, HF dir or hub id")
-    ap.add_argument("out_dir", metavar="OUT_DIR", help="the new HF checkpoint directory")
-    ap.add_argument("--like", metavar="HF_DIR", required=True, help="the HF checkpoint (dir or cached hub id)")
-    ap.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR")
-    ap.add_argument("--copy", action="store_true", help="copy the shards without vision tensors (default: link)")
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        with sigterm_as_interrupt():
-            cfg, params, _ = load_source(args.model_dir)
-            out = export_params(cfg, params, args.out_dir, like=args.like, overwrite=args.overwrite, link=not args.copy)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted; nothing written", file=sys.stderr)
-        return 130
-    print(f"exported {cfg.variant} vision tower into an HF checkpoint in {time.perf_counter() - t0:.1f} s -> {out}")
-    return 0

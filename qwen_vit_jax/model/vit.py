@@ -29,15 +29,14 @@ operands are float32 (HIGHEST precision) or bfloat16 with float32 accumulation.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from qwen_vit_jax.attention import Numerics, numerics_for, segment_attention, window_attention
 from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.model.attention import segment_attention, window_attention
+from qwen_vit_jax.model.numerics import Numerics
 from qwen_vit_jax.plan import Plan
 
 MIN_DOT_ROWS = 64  # see PatchMerger
@@ -440,28 +439,7 @@ def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTrans
     return nnx.eval_shape(lambda: VisionTransformer(cfg, num, rngs=nnx.Rngs(0)))
 
 
-# ---- loading -----------------------------------------------------------------------------
-
-
-def load_model(
-    path: str | os.PathLike, dtype: str = "float32", device: jax.Device | None = None, attention: str = "xla"
-) -> VisionTransformer:
-    """The tower of `path`, as an `nnx.Module` with `.cfg`: a directory written by
-    `convert_checkpoint`, an HF checkpoint directory (converted in memory) or a hub id in the local
-    HF cache (sources.py).
-
-    dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
-    accumulation; norms, rotary, softmax and the residual stream stay float32). The numerics
-    follow `device` (default jax.devices()[0]): on CPU, full attention runs its tiles as 2-D dot
-    loops, and bf16 dots are native only with avx512_bf16 / AMX (`numerics_for`). attention: "xla"
-    (the default) or "kernel", the device's Pallas attention kernel (Triton on an NVIDIA GPU, splash
-    on a TPU).
-    """
-    from qwen_vit_jax.sources import load_source
-
-    num = numerics_for(dtype, device, attention)
-    cfg, params, _ = load_source(path)
-    return model_from_params(cfg, params, num, device)
+# ---- parameters --------------------------------------------------------------------------
 
 
 def model_from_params(

@@ -1,6 +1,6 @@
 """Videos as users bring them: decode a file (PyAV, streaming), sample frames and size them exactly as
 transformers 5.24's `Qwen2VLVideoProcessor` (Qwen2-VL, Qwen2.5-VL) and `Qwen3VLVideoProcessor`
-(Qwen3-VL, Qwen3.5) do, then the image pipeline of preprocess.py per frame and HF's video patch layout.
+(Qwen3-VL, Qwen3.5) do, then the image pipeline of images.py per frame and HF's video patch layout.
 
     pv, grid, ts = qvj.preprocess_video("clip.mp4", fps=2.0)                 # a file
     pv, grid, ts = qvj.preprocess_video(frames, source_fps=30.0, fps=2.0)    # decoded frames
@@ -56,51 +56,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from qwen_vit_jax.preprocess import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    PreprocessConfig,
-    _patchify,
-    _resize,
-    _to_hwc3,
-    smart_resize,
-    smart_resize_3d,
-)
-
-VIDEO_CONFIG_FILE = "video_preprocessor_config.json"
-
-# HF 5.24's class defaults of each video processor (what a field missing from its config gets).
-_VIDEO_DEFAULTS = {
-    "Qwen2VLVideoProcessor": dict(
-        min_pixels=128 * 28 * 28,
-        max_pixels=28 * 28 * 768,
-        patch_size=14,
-        image_mean=OPENAI_CLIP_MEAN,
-        image_std=OPENAI_CLIP_STD,
-    ),
-    "Qwen3VLVideoProcessor": dict(
-        min_pixels=128 * 32 * 32,
-        max_pixels=32 * 32 * 768,
-        patch_size=16,
-        image_mean=(0.5, 0.5, 0.5),
-        image_std=(0.5, 0.5, 0.5),
-        do_sample_frames=True,
-        fps=2.0,
-    ),
-}
-_MAX_VIDEO_TOKENS = {"qwen2-vl": 128000, "qwen2.5-vl": 128000, "qwen3-vl": 768}
-# VisionConfig.variant -> the sampler of the HF video processor its checkpoints use
-_SAMPLER_OF_VARIANT = {
-    "qwen2_vl": "qwen2-vl",
-    "qwen2_5_vl": "qwen2.5-vl",
-    "qwen3_vl": "qwen3-vl",
-    "qwen3_5": "qwen3-vl",
-}
+from qwen_vit_jax.preprocess.config import MAX_VIDEO_TOKENS, VIDEO_DEFAULT, PreprocessConfig
+from qwen_vit_jax.preprocess.images import patchify, resize, smart_resize, smart_resize_3d, to_hwc3
 
 
 class VideoError(ValueError):
@@ -115,35 +76,6 @@ class VideoInfo:
     fps: float | None  # stream.average_rate; None when the container has none
     width: int
     height: int
-
-
-# ---- configs --------------------------------------------------------------------------------------
-def _sampler_of(d: dict) -> str:
-    """Which HF video processor's rules a config dict asks for."""
-    kind = str(d.get("video_processor_type") or "")
-    cls = str(d.get("processor_class") or "")
-    if kind.startswith("Qwen3") or cls.startswith("Qwen3"):
-        return "qwen3-vl"
-    if "2_5" in cls:
-        return "qwen2.5-vl"
-    if kind.startswith("Qwen2") or cls.startswith("Qwen2"):
-        return "qwen2-vl"
-    return "qwen3-vl" if d.get("patch_size") == 16 else "qwen2-vl"
-
-
-def sampler_for_variant(variant: str) -> str | None:
-    """The video_sampler of a tower variant's checkpoints (None: a variant without one here)."""
-    return _SAMPLER_OF_VARIANT.get(variant)
-
-
-def video_defaults(d: dict, video: bool | None) -> dict[str, Any]:
-    """PreprocessConfig keywords a config dict starts from (before its own fields): the sampler always;
-    for a video config (`video_processor_type` present, or `video`) also its HF class defaults."""
-    sampler = _sampler_of(d)
-    if not (video or (video is None and d.get("video_processor_type"))):
-        return {"video_sampler": sampler}
-    base = "Qwen3VLVideoProcessor" if sampler == "qwen3-vl" else "Qwen2VLVideoProcessor"
-    return dict(_VIDEO_DEFAULTS[base], video_sampler=sampler)
 
 
 # ---- sampling -------------------------------------------------------------------------------------
@@ -198,7 +130,7 @@ def sample_indices(
 def frame_size(n: int, height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
     """The (height, width) every frame of an n-frame video is resized to, as HF's video processor sizes it."""
     factor, lo, hi = cfg.factor, cfg.min_pixels, cfg.max_pixels
-    tokens = cfg.max_video_tokens or _MAX_VIDEO_TOKENS[cfg.video_sampler]
+    tokens = cfg.max_video_tokens or MAX_VIDEO_TOKENS[cfg.video_sampler]
     T = cfg.temporal_patch_size
     if cfg.video_sampler != "qwen3-vl":
         if cfg.cap_pixels_per_frame:  # an even share of 90% of `tokens` merged tokens' pixels per frame
@@ -235,6 +167,11 @@ def _av():
     return av
 
 
+def _reason(e) -> str:
+    """FFmpeg's words for an error, without its errno ("[Errno 1094995529]") and file name."""
+    return getattr(e, "strerror", None) or str(e)
+
+
 def probe(path: str | os.PathLike) -> VideoInfo:
     """Frame count, rate and size of a video file, from its container (as HF's PyAV reader), the
     frames counted by demuxing where the container does not record them. VideoError if unreadable."""
@@ -252,7 +189,7 @@ def probe(path: str | os.PathLike) -> VideoInfo:
             rate = stream.average_rate
             return VideoInfo(int(total), float(rate) if rate else None, stream.width, stream.height)
     except av.FFmpegError as e:
-        raise VideoError(f"{path}: cannot read as a video ({e})") from None
+        raise VideoError(f"{path}: cannot read as a video ({_reason(e)}; truncated, corrupt or not a video?)") from None
 
 
 def _decode(path, info: VideoInfo, indices: np.ndarray, cfg: PreprocessConfig, size) -> np.ndarray:
@@ -272,7 +209,7 @@ def _decode(path, info: VideoInfo, indices: np.ndarray, cfg: PreprocessConfig, s
             for i, frame in enumerate(container.decode(stream)):
                 seen = i + 1
                 if i in want:
-                    a = _resize(_to_hwc3(frame.to_ndarray(format="rgb24"), cfg, f"{path} frame {i}"), cfg, size)
+                    a = resize(to_hwc3(frame.to_ndarray(format="rgb24"), cfg, f"{path} frame {i}"), cfg, size)
                     if out is None:
                         out = np.empty((len(indices), *a.shape), np.uint8)
                     for pos in want[i]:
@@ -280,7 +217,7 @@ def _decode(path, info: VideoInfo, indices: np.ndarray, cfg: PreprocessConfig, s
                 if i >= last:
                     break
     except av.FFmpegError as e:
-        raise VideoError(f"{path}: decoding failed after {seen} frames ({e})") from None
+        raise VideoError(f"{path}: decoding failed after {seen} frames ({_reason(e)})") from None
     if seen <= last:
         raise VideoError(
             f"{path}: truncated or corrupt: decoded {seen} of the {info.total_frames} frames its container "
@@ -345,17 +282,17 @@ def preprocess_video(
         size = frame_size(len(indices), info.height, info.width, cfg) if cfg.do_resize else None
         video = _decode(path_or_frames, info, indices, cfg, size)
     else:
-        hwc = [_to_hwc3(frames[i], cfg, f"frame {i}") for i in indices.tolist()]
+        hwc = [to_hwc3(frames[i], cfg, f"frame {i}") for i in indices.tolist()]
         if len({a.shape for a in hwc}) != 1:
             raise ValueError(f"all frames of a video must have one size, got {sorted({a.shape[:2] for a in hwc})}")
         h, w = hwc[0].shape[:2]
         size = frame_size(len(indices), h, w, cfg) if cfg.do_resize else None
-        video = np.stack([_resize(a, cfg, size) for a in hwc])  # [n, h, w, 3] uint8
+        video = np.stack([resize(a, cfg, size) for a in hwc])  # [n, h, w, 3] uint8
     T, p = cfg.temporal_patch_size, cfg.patch_size
     if pad := -len(video) % T:  # fill the last run with the last frame
         video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
     gt = len(video) // T
-    pixel_values = _patchify(video.reshape(gt, T, *video.shape[1:]), cfg)  # [gt, T, h, w, 3] -> rows
+    pixel_values = patchify(video.reshape(gt, T, *video.shape[1:]), cfg)  # [gt, T, h, w, 3] -> rows
     grid = np.asarray([[gt, video.shape[1] // p, video.shape[2] // p]], dtype=np.int64)
     return pixel_values, grid, timestamps_of(indices, source_fps, total, cfg)
 
@@ -374,7 +311,3 @@ def _frames_list(frames) -> list | np.ndarray:
     if len(frames) == 0:
         raise ValueError("video has no frames")
     return frames
-
-
-VIDEO_DEFAULT = PreprocessConfig.from_hf({"video_processor_type": "Qwen2VLVideoProcessor"})
-QWEN3_VL_VIDEO = PreprocessConfig.from_hf({"video_processor_type": "Qwen3VLVideoProcessor"})

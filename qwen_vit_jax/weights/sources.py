@@ -3,7 +3,7 @@ checkpoint directory, or a hub repo id in the local HF cache.
 
   converted dir   config.json with "format": "qwen_vit_jax" + params.safetensors (convert.py)
   HF dir          config.json + model.safetensors or shards with model.safetensors.index.json:
-                  the vision tensors are read and converted in memory (convert.py's key table,
+                  the vision tensors are read and converted in memory (keys.py's key table,
                   lazily: shards holding only text weights are never opened); nothing is written
   hub id          "Org/Name" or "Org/Name@revision", looked up only in the local HF cache, laid
                   out as huggingface_hub writes it:
@@ -14,8 +14,8 @@ checkpoint directory, or a hub repo id in the local HF cache.
                   an id that is not there raises FileNotFoundError naming the id, the directory
                   searched and the command that downloads it.
 
-An existing path always wins over a hub id of the same spelling. No torch, transformers or jax
-is imported here; huggingface_hub is not needed (the layout is read directly).
+An existing path always wins over a hub id of the same spelling. No torch or transformers is
+imported here, jax only by `load_model`; huggingface_hub is not needed (the layout is read directly).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import re
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.convert import CONFIG_FILE, FORMAT, PREPROCESSOR_FILE, load_converted, read_hf_vision_params
+from qwen_vit_jax.weights.convert import FORMAT, PREPROCESSOR_FILE, load_converted
+from qwen_vit_jax.weights.hf_read import CONFIG_FILE, read_hf_vision_params
 
 CONVERTED, HF_DIR, HUB = "converted", "hf", "hub"
 # huggingface_hub's repo id rule: two names of [A-Za-z0-9_.-], no leading/trailing "-" or ".", no
@@ -137,7 +138,7 @@ def resolve_source(source: str | os.PathLike) -> Source:
 def load_source(source: str | os.PathLike | Source) -> tuple[VisionConfig, dict[str, np.ndarray], Source]:
     """(cfg, our flat params, the resolved Source) of any of the three kinds.
 
-    Converted: params memory-mapped from params.safetensors. HF dir / hub id: the vision tensors
+    Converted: params read from params.safetensors as they are looked up. HF dir / hub id: the vision tensors
     converted in memory into our layout (source dtype kept), e.g. `blocks.attn.qkv.kernel` [L, D, 3D].
     Raises FileNotFoundError / CheckpointError (a ValueError) naming the file and tensor.
     """
@@ -147,3 +148,23 @@ def load_source(source: str | os.PathLike | Source) -> tuple[VisionConfig, dict[
     else:
         cfg, params = read_hf_vision_params(src.path)
     return cfg, params, src
+
+
+def load_model(path: str | os.PathLike, dtype: str = "float32", device=None, attention: str = "xla"):
+    """The tower of `path`, as an `nnx.Module` with `.cfg`: a directory written by
+    `convert_checkpoint`, an HF checkpoint directory (converted in memory) or a hub id in the local
+    HF cache (see `resolve_source`).
+
+    dtype: "float32" (exact vs HF float32) or "bfloat16" (bf16 matmul operands, float32
+    accumulation; norms, rotary, softmax and the residual stream stay float32). The numerics
+    follow `device` (default jax.devices()[0]): on CPU, full attention runs its tiles as 2-D dot
+    loops, and bf16 dots are native only with avx512_bf16 / AMX (`numerics_for`). attention: "xla"
+    (the default) or "kernel", the device's Pallas attention kernel (Triton on an NVIDIA GPU, splash
+    on a TPU).
+    """
+    from qwen_vit_jax.model.numerics import numerics_for  # jax: only when a model is built
+    from qwen_vit_jax.model.vit import model_from_params
+
+    num = numerics_for(dtype, device, attention)
+    cfg, params, _ = load_source(path)
+    return model_from_params(cfg, params, num, device)

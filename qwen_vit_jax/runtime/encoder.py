@@ -31,21 +31,16 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
-from qwen_vit_jax import cost
-from qwen_vit_jax import devices as devlib
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.attention import Numerics, numerics_for
-from qwen_vit_jax.batching import pack
-from qwen_vit_jax.config import GLM4V, PADDLEOCR_VL, VisionConfig, dtype_named
-from qwen_vit_jax.model import abstract_model, as_bits, fill_state
-from qwen_vit_jax.preprocess import (
-    GLM4V_PREPROCESS,
-    PADDLEOCR_PREPROCESS,
-    PreprocessConfig,
-    preprocess_glm4v_images,
-    preprocess_images,
-    preprocess_paddleocr_images,
-)
+from qwen_vit_jax.config import VisionConfig, dtype_named
+from qwen_vit_jax.model.numerics import Numerics, numerics_for
+from qwen_vit_jax.model.vit import abstract_model, as_bits, fill_state
+from qwen_vit_jax.preprocess.config import PreprocessConfig, image_config_for, video_config_for
+from qwen_vit_jax.preprocess.images import image_preprocessor
+from qwen_vit_jax.runtime import cost
+from qwen_vit_jax.runtime import devices as devlib
+from qwen_vit_jax.runtime.batching import pack
+from qwen_vit_jax.runtime.program import forward, input_specs, mesh_program, mesh_specs
 
 
 def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
@@ -132,9 +127,8 @@ class VisionEncoder:
         self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
         self.num = numerics_for(dtype, self.device, attention)
         self.policy = policy or planlib.BucketPolicy()
-        defaults = {PADDLEOCR_VL: PADDLEOCR_PREPROCESS, GLM4V: GLM4V_PREPROCESS}.get(cfg.variant, PreprocessConfig())
-        self.preprocess = preprocess or defaults
-        self.video_preprocess = video_preprocess or video_config_for(None, cfg)
+        self.preprocess = preprocess or image_config_for(cfg.variant)
+        self.video_preprocess = video_preprocess or video_config_for(None, cfg.variant)
         self.max_batch_patches = max_batch_patches or self.policy.max_patches * len(self.devices)
         if tight_after is not None and (not isinstance(tight_after, int) or tight_after < 1):
             raise ValueError(f"tight_after must be an int >= 1 or None, got {tight_after!r}")
@@ -159,7 +153,7 @@ class VisionEncoder:
         (its vision tensors converted in memory, nothing written) or a hub id ("Org/Name") in the
         local HF cache, never the network (sources.py). The checkpoint's preprocessor_config.json
         sets the preprocessing unless `preprocess` is given."""
-        from qwen_vit_jax.sources import load_source
+        from qwen_vit_jax.weights.sources import load_source
 
         Numerics(dtype)  # validate before reading gigabytes
         if kwargs.get("compilation_cache_dir") is not None:
@@ -168,7 +162,7 @@ class VisionEncoder:
         if src.preprocessor_config is not None and "preprocess" not in kwargs:
             kwargs["preprocess"] = PreprocessConfig.from_hf(src.preprocessor_config)
         if "video_preprocess" not in kwargs:
-            kwargs["video_preprocess"] = video_config_for(src.path, cfg)
+            kwargs["video_preprocess"] = video_config_for(src.path, cfg.variant)
         return cls(cfg, params, dtype=dtype, **kwargs)
 
     @property
@@ -207,15 +201,16 @@ class VisionEncoder:
           deepstack mergers. A Qwen3-VL program always computes them (its language model takes
           them with every image); they are copied to the host only when asked for.
         """
+        grid = planlib.as_grid(grid_thw, self.cfg)  # validated once: every step below takes the Grid
         if self.mesh is not None:
-            return self._encode_mesh(pixel_values, grid_thw, check_finite, return_deepstack)
-        plans, pixels = self._prepare(pixel_values, grid_thw, check_finite)
+            return self._encode_mesh(pixel_values, grid, check_finite, return_deepstack)
+        plans, pixels = self._prepare(pixel_values, grid, check_finite)
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
         outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]  # (tokens, features) each
         tokens = np.concatenate([p.unpad(np.asarray(o[0])) for p, o in zip(plans, outs)])
-        self._count(grid_thw)
+        self._count(grid)
         if not return_deepstack:
             return tokens
         features = [
@@ -224,11 +219,11 @@ class VisionEncoder:
         ]
         return tokens, features
 
-    def _encode_mesh(self, pixel_values, grid_thw, check_finite: bool, return_deepstack: bool):
+    def _encode_mesh(self, pixel_values, grid: planlib.Grid, check_finite: bool, return_deepstack: bool):
         """encode on several devices: frames balanced over the mesh, one program call per step
         (devices.py), all steps' inputs in one transfer, results put back in request order."""
-        steps = devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))  # validates grid_thw
-        px = self._pixels(pixel_values, grid_thw, check_finite)
+        steps = devlib.plan_steps(grid, self.cfg, self.policy, len(self.devices))
+        px = self._pixels(pixel_values, grid, check_finite)
         shards = NamedSharding(self.mesh, P("data"))  # leading [D] axis of every input, one slice per device
         inputs = jax.device_put([(s.take(px, dtype_named(self.dtype)), s.plan) for s in steps], shards)
         outs = [self._program(p.bucket)(self._state, x, p) for x, p in inputs]  # (tokens, features) each
@@ -251,9 +246,7 @@ class VisionEncoder:
         """
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
-        prep = {PADDLEOCR_VL: preprocess_paddleocr_images, GLM4V: preprocess_glm4v_images}.get(
-            self.cfg.variant, preprocess_images
-        )
+        prep = image_preprocessor(self.cfg.variant)
         return self._encode_many([prep([im], config=self.preprocess) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
@@ -266,7 +259,7 @@ class VisionEncoder:
         Returns:
           float32 [t * h * w / merge_unit, out_dim]; the timestamps: `preprocess_video`'s third value.
         """
-        from qwen_vit_jax.video import preprocess_video
+        from qwen_vit_jax.preprocess.video import preprocess_video
 
         pv, grid, _ = preprocess_video(video, config=self.video_preprocess, **sampling)
         return self._encode_many([(pv, grid)])[0]
@@ -297,25 +290,26 @@ class VisionEncoder:
             raise ValueError("warmup(tight=True) is for one device; on several pass policy=BucketPolicy(tight=True)")
         buckets = []
         for g in grids:
+            g = planlib.as_grid(g, self.cfg)
             if tight:
-                key = _grid_key(planlib.validate_grid(g, self.cfg))
                 with self._seen_lock:
-                    self._declared.add(key)
+                    self._declared.add(g.key)
             for bucket in self._buckets(g):
                 self._program(bucket)
                 buckets.append(bucket)
         return buckets
 
     # ---- internals -----------------------------------------------------------------------
-    def _prepare(self, pixel_values, grid_thw, check_finite: bool = True):
-        """Validate, plan (one plan per chunk of frames) and pad pixels to each plan's bucket:
+    def _prepare(self, pixel_values, grid: planlib.Grid, check_finite: bool = True):
+        """Plan (one plan per chunk of frames), check the pixels and pad them to each plan's bucket:
         (plans, [padded pixels per plan])."""
-        plans = self._plans(grid_thw)  # validates grid_thw
-        px = self._pixels(pixel_values, grid_thw, check_finite)
-        return plans, [p.take(px, dtype_named(self.dtype)) for p in plans]
+        plans = self._plans(grid)
+        px = self._pixels(pixel_values, grid, check_finite)
+        return plans, [p.pad_rows(px, dtype_named(self.dtype)) for p in plans]
 
-    def _pixels(self, pixel_values, grid_thw, check_finite: bool) -> np.ndarray:
-        """pixel_values as a checked [N, patch_dim] array for a validated grid_thw."""
+    def _pixels(self, pixel_values, grid: planlib.Grid, check_finite: bool) -> np.ndarray:
+        """pixel_values as a checked [N, patch_dim] array for a validated grid (the one check of a
+        request's pixels)."""
         cfg = self.cfg
         px = np.asarray(pixel_values)
         if px.ndim != 2:
@@ -324,40 +318,40 @@ class VisionEncoder:
             raise ValueError(
                 f"pixel_values rows have {px.shape[1]} values, expected {cfg.patch_dim} "
                 f"(= in_channels {cfg.in_channels} * temporal_patch_size {cfg.temporal_patch_size} "
-                f"* patch_size {cfg.patch_size}^2)"
+                f"* patch_size {cfg.patch_size}^2): preprocess with this checkpoint's settings, "
+                "qvj.preprocess_images(images, config=enc.preprocess) or "
+                "qvj.preprocess_video(video, config=enc.video_preprocess) (or enc.encode_images / enc.encode_video)"
             )
         if not (np.issubdtype(px.dtype, np.floating) or np.issubdtype(px.dtype, np.integer)):
             raise ValueError(f"pixel_values must be numeric, got dtype {px.dtype}")
-        rows = int(np.prod(np.asarray(grid_thw, np.int64), axis=1).sum())
+        rows = grid.patches
         if px.shape[0] != rows:
             raise ValueError(f"pixel_values has {px.shape[0]} rows but grid_thw implies sum(t*h*w) = {rows}")
         if check_finite:
-            check_finite_rows(px, grid_thw)
+            check_finite_rows(px, grid.array)
         if cfg.raster_rows:  # PaddleOCR-VL: raster rows per frame -> merge units, on the host (exact)
-            px = px[planlib.raster_to_merge_order(np.asarray(grid_thw, np.int64), cfg.spatial_merge_size)]
+            px = px[planlib.raster_to_merge_order(grid.array, cfg.spatial_merge_size)]
         return px
 
-    def _plans(self, grid_thw) -> list[planlib.Plan]:
+    def _plans(self, grid: planlib.Grid) -> list[planlib.Plan]:
         """The plans the next encode of this grid uses: tight buckets for every chunk of a declared
         grid (warmup(tight=True)) and, with tight_after, of a grid encoded tight_after - 1 times
         before (while fewer than max_tight_buckets such buckets exist); otherwise the ladder's, with
         tight buckets for the chunks whose frames recur within the request itself (the equal chunks
         of a long video): a function of the request alone."""
-        grid_thw = planlib.validate_grid(grid_thw, self.cfg)  # its error, not numpy's, for a bad grid
         tight = dataclasses.replace(self.policy, tight=True)
-        key = _grid_key(grid_thw)
         with self._seen_lock:
-            declared, seen = key in self._declared, self._seen.get(key, 0)
+            declared, seen = grid.key in self._declared, self._seen.get(grid.key, 0)
         if declared:
-            return planlib.make_plans(grid_thw, self.cfg, tight)
+            return planlib.make_plans(grid, self.cfg, tight)
         if self.tight_after is not None and seen + 1 >= self.tight_after:
-            plans = planlib.make_plans(grid_thw, self.cfg, tight)
+            plans = planlib.make_plans(grid, self.cfg, tight)
             with self._seen_lock:
                 new = {p.bucket for p in plans} - self._tight_buckets
                 if len(self._tight_buckets) + len(new) <= self.max_tight_buckets:
                     self._tight_buckets |= new
                     return plans
-        plans = planlib.make_plans(grid_thw, self.cfg, self.policy)
+        plans = planlib.make_plans(grid, self.cfg, self.policy)
         keys = [_frames_key(p.grid_thw) for p in plans]
         repeats = collections.Counter(keys)
         if max(repeats.values()) < 2:
@@ -369,13 +363,12 @@ class VisionEncoder:
             for p, k in zip(plans, keys)
         ]
 
-    def _count(self, grid_thw, capacity: int = 4096) -> None:
+    def _count(self, grid: planlib.Grid, capacity: int = 4096) -> None:
         """One more encode of this grid (an LRU of the last `capacity` grids), for tight_after."""
         if self.tight_after is None:
             return
-        key = _grid_key(grid_thw)
         with self._seen_lock:
-            self._seen[key] = self._seen.pop(key, 0) + 1
+            self._seen[grid.key] = self._seen.pop(grid.key, 0) + 1
             if len(self._seen) > capacity:
                 self._seen.popitem(last=False)
 
@@ -390,7 +383,7 @@ class VisionEncoder:
         the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled programs' largest temp
         allocation, per device), `patches` and `padded_patches` (summed over devices).
         """
-        g = planlib.validate_grid(grid_thw, self.cfg)
+        g = planlib.as_grid(grid_thw, self.cfg)
         buckets = self._buckets(g)  # the next encode's: tight buckets for a grid that recurs
         copies = len(self.devices)  # 1 without a mesh: every device runs every step's bucket
         compiled = copies * sum(self._compiled_flops(b) for b in buckets)
@@ -399,7 +392,7 @@ class VisionEncoder:
         temp = max(self._program(b).memory_analysis().temp_size_in_bytes for b in buckets)
         return {
             "buckets": [dataclasses.asdict(b) for b in buckets],
-            "patches": int(np.prod(g, axis=1).sum()),
+            "patches": g.patches,
             "padded_patches": copies * sum(b.patches for b in buckets),
             "compiled_flops": compiled,
             "ideal_flops": ideal,
@@ -407,16 +400,16 @@ class VisionEncoder:
             "temp_bytes": int(temp),
         }
 
-    def _buckets(self, grid_thw) -> list[planlib.Bucket]:
+    def _buckets(self, grid: planlib.Grid) -> list[planlib.Bucket]:
         """The bucket of each program call the next encode of a request makes (a chunk, or a mesh
         step)."""
         if self.mesh is None:
-            return [p.bucket for p in self._plans(grid_thw)]
-        return [s.plan.bucket for s in devlib.plan_steps(grid_thw, self.cfg, self.policy, len(self.devices))]
+            return [p.bucket for p in self._plans(grid)]
+        return [s.plan.bucket for s in devlib.plan_steps(grid, self.cfg, self.policy, len(self.devices))]
 
     def _compiled_flops(self, bucket: planlib.Bucket) -> float:
         if bucket not in self._flops:
-            traced = jax.jit(self._forward).trace(self._state, *_input_specs(self.cfg, bucket, self.dtype))
+            traced = jax.jit(self._forward).trace(self._state, *input_specs(self.cfg, bucket, self.dtype))
             self._flops[bucket] = cost.dot_flops(traced.jaxpr)
         return self._flops[bucket]
 
@@ -429,7 +422,7 @@ class VisionEncoder:
             if program is not None:
                 return program
             t0 = time.perf_counter()
-            specs = _input_specs(self.cfg, bucket, self.dtype)
+            specs = input_specs(self.cfg, bucket, self.dtype)
             if self.mesh is None:
                 program = jax.jit(self._forward).lower(self._state, *specs).compile()
             else:
@@ -469,10 +462,6 @@ def _check_devices(devices) -> list[jax.Device]:
     return devices
 
 
-def _grid_key(grid_thw) -> tuple:
-    return tuple(map(tuple, np.asarray(grid_thw).tolist()))
-
-
 def _frames_key(grid_thw) -> tuple:
     """A chunk's frame sequence: its grid with adjacent rows of equal (h, w) merged (what a plan
     depends on), as a tuple of (t, h, w)."""
@@ -483,40 +472,6 @@ def _frames_key(grid_thw) -> tuple:
         else:
             rows.append([t, h, w])
     return tuple(map(tuple, rows))
-
-
-def forward(graphdef: nnx.GraphDef, state: nnx.State, pixels: jax.Array, plan: planlib.Plan):
-    """The encoder's program for one device: (tokens, deepstack features: [] without deepstack
-    mergers). pixels [N_pad, P] -> tokens [N_pad / mu, out_dim]."""
-    return nnx.merge(graphdef, state)(pixels, plan, deepstack=True)
-
-
-def mesh_program(forward_fn, mesh: Mesh):
-    """The program of one bucket on a mesh: `shard_map` runs the single-device `forward_fn(state,
-    pixels, plan)` on each device's slice (pixels [1, N_pad, P], plan leaves [1, ...]) with the
-    replicated parameters; no collective, so devices never wait for each other inside a step."""
-    data = P("data")
-
-    def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
-        out = forward_fn(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
-        return jax.tree.map(lambda a: a[None], out)
-
-    # check_vma=False: the platforms' attention kernels (Pallas calls) do not declare how their
-    # outputs vary over the mesh axis; every value here varies with its device's slice anyway.
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), data, data), out_specs=data, check_vma=False)
-
-
-def mesh_specs(specs: tuple[jax.ShapeDtypeStruct, planlib.Plan], mesh: Mesh):
-    """One bucket's input shapes (`_input_specs`) stacked for the mesh: a leading [D] axis sharded
-    over the data axis."""
-    sharding, d = NamedSharding(mesh, P("data")), mesh.devices.size
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
-
-
-def _input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
-    """Shapes of one bucket's inputs: (pixels, abstract plan)."""
-    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), dtype_named(dtype))
-    return pixels, planlib.Plan.abstract(bucket)
 
 
 def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
@@ -539,18 +494,3 @@ def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
         f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
         f"{int(bad.sum())} bad row(s) in all"
     )
-
-
-def video_config_for(path: str | os.PathLike | None, cfg: VisionConfig) -> PreprocessConfig:
-    """The video PreprocessConfig of a converted checkpoint: its video_preprocessor_config.json, else
-    its preprocessor_config.json (HF's fallback), else HF's video-processor class defaults; with the
-    frame sampling and timestamps of this tower's variant (Qwen2-VL and Qwen2.5-VL share HF's video
-    processor class but not their timestamps)."""
-    from qwen_vit_jax.video import VIDEO_CONFIG_FILE, sampler_for_variant
-
-    sampler = sampler_for_variant(cfg.variant)
-    files = [] if path is None else [os.path.join(path, f) for f in (VIDEO_CONFIG_FILE, "preprocessor_config.json")]
-    found = next((f for f in files if os.path.isfile(f)), None)
-    base = {"video_processor_type": "Qwen3VLVideoProcessor" if sampler == "qwen3-vl" else "Qwen2VLVideoProcessor"}
-    vp = PreprocessConfig.from_hf(found if found else base, video=True)
-    return vp if sampler is None else dataclasses.replace(vp, video_sampler=sampler)

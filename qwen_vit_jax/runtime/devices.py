@@ -86,7 +86,7 @@ def balance(sizes: np.ndarray, n_bins: int, loads: list[int] | None = None) -> l
 
 def plan_steps(grid_thw, cfg: VisionConfig, policy: planlib.BucketPolicy, n_devices: int) -> list[Step]:
     """The mesh steps of a request over `n_devices` devices (see the module docstring)."""
-    g = planlib.validate_grid(grid_thw, cfg)  # int64 [k, 3]
+    g = planlib.as_grid(grid_thw, cfg).array  # int64 [k, 3], validated once
     t = g[:, 0]
     frame_h, frame_w = np.repeat(g[:, 1], t), np.repeat(g[:, 2], t)  # [F] each
     size = frame_h * frame_w  # [F] rows per frame
@@ -141,7 +141,7 @@ def _rounds(size: np.ndarray, n_devices: int, policy: planlib.BucketPolicy) -> l
     one round of 13 frames on the busiest device pads to 20480 rows, two rounds of 7 frames to
     2 x 10240).
     """
-    from qwen_vit_jax.batching import split_even
+    from qwen_vit_jax.runtime.batching import split_even
 
     total, cap, penalty = int(size.sum()), policy.max_patches, planlib.chunk_penalty(policy)
     last = len(size)  # one frame per round always fits

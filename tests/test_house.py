@@ -1,0 +1,146 @@
+"""The package's shape: imports point down the layers with no circle (lazy imports inside functions
+count), no module is over 600 lines, few modules sit at the top, and `--help` needs no jax."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "qwen_vit_jax"
+# Lowest first: a module may import its own subpackage's modules and any lower layer, nothing else.
+LAYERS = {
+    "files": 0,
+    "families": 1,
+    "config": 2,
+    "presets": 3,
+    "plan": 4,
+    "preprocess": 4,
+    "model": 5,
+    "weights": 6,
+    "runtime": 7,
+    "data": 8,
+    "tools": 9,
+    "__init__": 10,
+    "__main__": 10,
+}
+MAX_LINES = 600
+MAX_TOP_MODULES = 6
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every module of the package (a package is its __init__)."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The package's modules that `name` imports anywhere in its file (functions included), and the
+    modules of the top-level lazy table (__init__'s _EXPORTS)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for a in node.names:
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
+        elif (
+            name == "qwen_vit_jax" and isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_EXPORTS"
+        ):
+            found.update(f"qwen_vit_jax.{v.value}" for v in node.value.values)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer(name: str) -> tuple[str, int]:
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    assert top in LAYERS, f"{name}: a module outside the layers of this test ({', '.join(LAYERS)})"
+    return top, LAYERS[top]
+
+
+def test_every_import_points_down_the_layers():
+    upward = []
+    for name, targets in GRAPH.items():
+        own, rank = _layer(name)
+        for t in sorted(targets):
+            theirs, their_rank = _layer(t)
+            if theirs != own and their_rank >= rank:
+                upward.append(f"{name} -> {t}")
+    assert not upward, "imports that do not point down the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str):
+        state[m] = 1
+        path.append(m)
+        for t in sorted(GRAPH[m]):
+            if state.get(t) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(t) :] + [t]))
+            if t not in state:
+                visit(t)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_the_graph_is_read():
+    """The walk sees lazy imports inside functions and the top-level lazy table (so the two tests
+    above would see an upward or circular import there)."""
+    assert "qwen_vit_jax.weights.sources" in GRAPH["qwen_vit_jax.runtime.encoder"]  # inside from_pretrained
+    assert "qwen_vit_jax.runtime.encoder" in GRAPH["qwen_vit_jax"]  # the _EXPORTS table
+    assert "qwen_vit_jax.plan.grid" in GRAPH["qwen_vit_jax.plan.assembly"]  # a relative import
+
+
+def test_module_sizes():
+    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    over = {n: k for n, k in long.items() if k > MAX_LINES}
+    assert not over, f"modules over {MAX_LINES} lines: {over}"
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules directly in qwen_vit_jax/: {top}"
+
+
+def test_help_imports_no_jax():
+    code = (
+        "import sys; from qwen_vit_jax.tools.cli import main; rc = main(['--help']); "
+        "assert rc == 0; heavy = [m for m in ('jax', 'flax', 'numba', 'torch') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("command", ["encode", "aot", "demo", "convert"])
+def test_command_help_imports_no_jax(command):
+    code = (
+        f"import sys; from qwen_vit_jax.tools.cli import main; rc = main(['{command}', '--help']); "
+        "assert rc == 0; heavy = [m for m in ('jax', 'flax', 'numba', 'torch') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
