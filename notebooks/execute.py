@@ -96,6 +96,9 @@ def main() -> None:
             if signature(nb) != signature(nbformat.read(path, as_version=4)):
                 stale.append(path.name)
         else:
+            for cell in nb.cells:  # stderr (warnings, logs) says where it ran, not what the notebook shows
+                if cell.cell_type == "code":
+                    cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
             nbformat.write(nb, path)
             print(f"  stored its outputs in {path}")
     if stale:
