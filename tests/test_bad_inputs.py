@@ -70,6 +70,18 @@ def test_bad_pixel_values(tiny_encoder, pixels, needle):
         tiny_encoder.encode(pixels, [[1, 4, 4]])
 
 
+def test_rows_of_another_towers_preprocessing_say_how_to_fix_it(tiny_encoder):
+    """Pixels preprocessed with another tower's defaults (Qwen3's 16-pixel patches for a 14-pixel
+    tower): the error names the checkpoint's own settings."""
+    from qwen_vit_jax.preprocess.config import QWEN3_VL_PREPROCESS
+    from qwen_vit_jax.preprocess.images import preprocess_images
+
+    pv, thw = preprocess_images([make_image(64, 64)], config=QWEN3_VL_PREPROCESS)
+    with pytest.raises(ValueError, match="rows have 1536 values, expected 1176") as e:
+        tiny_encoder.encode(pv, thw)
+    assert "config=enc.preprocess" in str(e.value) and "config=enc.video_preprocess" in str(e.value)
+
+
 def test_non_contiguous_pixel_values_are_accepted(tiny_encoder):
     """Any layout (a strided view, Fortran order, float64, big-endian) is the same input."""
     px = _pixels(32)

@@ -468,6 +468,9 @@ def test_bench(capsys, tiny_dirs, tmp_path, restore_compilation_cache):
     assert_clean_error(rc, err, "'8x'")
     rc, _, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "7x8")
     assert_clean_error(rc, err, "multiples of spatial_merge_size")
+    rc, out, err = main(capsys, "bench", tiny_dirs[1], "--sizes", "2x24x24,17x16")  # the odd one is last
+    assert_clean_error(rc, err, "17x16", "multiples of spatial_merge_size")
+    assert "patches/s" not in out  # rejected before the first size was compiled and timed
 
 
 def test_demo(tmp_path):

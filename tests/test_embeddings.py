@@ -86,6 +86,18 @@ def test_round_trip_and_public_names(tmp_path, suffix):
     np.testing.assert_array_equal(got[1], e.embeddings[e.offsets[1] : e.offsets[2]])
 
 
+def test_repr_is_a_summary():
+    e = qvj.Embeddings(
+        np.zeros((100_000, 8), np.float32),
+        np.array([[1, 400, 1000]] * 3),
+        np.array([0, 1, 2, 100_000]),
+        ["a.png", "b.png", "c.png"],
+        {"checkpoint": "ckpt", "dtype": "float32"},
+    )
+    text = repr(e)
+    assert len(text) < 200 and "3 inputs" in text and "100000x8" in text and "'a.png'" in text, text
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
 def test_sharded_set(tmp_path, suffix):
     out = tmp_path / f"emb{suffix}"
