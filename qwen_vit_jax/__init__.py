@@ -36,6 +36,7 @@ _EXPORTS = {
     "Bucket": "plan",
     "BucketPolicy": "plan",
     "Plan": "plan",
+    "Patches": "plan",
     "make_plans": "plan",
     "to_spatial": "plan",
     "VisionTransformer": "model.vit",
@@ -49,11 +50,17 @@ _EXPORTS = {
     "preprocess_glm4v_images": "preprocess.images",
     "preprocess_video": "preprocess.video",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"
 
 
+_MODULES = {"data": "data"}  # subpackages that are part of the API: qvj.data.load(...)
+
+
 def __getattr__(name):
+    if name in _MODULES:
+        value = globals()[name] = importlib.import_module(f"qwen_vit_jax.{_MODULES[name]}")
+        return value
     if name not in _EXPORTS:
         raise AttributeError(f"module 'qwen_vit_jax' has no attribute {name!r}")
     value = globals()[name] = getattr(importlib.import_module(f"qwen_vit_jax.{_EXPORTS[name]}"), name)
@@ -61,4 +68,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_MODULES])

@@ -21,7 +21,7 @@ from conftest import make_image
 from PIL import Image
 
 from qwen_vit_jax.data.embeddings import read_embeddings
-from qwen_vit_jax.data.encode_files import load_image
+from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.data.stream import Progress
 from qwen_vit_jax.tools import cli
 from qwen_vit_jax.tools.demo import TINY
@@ -253,7 +253,8 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
     out = tmp_path / "emb.npz"
     # one image per call: a.png is 24 patches, the others more
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")
-    assert_clean_error(rc, err, "interrupted: 1 new input written")
+    assert rc == 130
+    assert_clean_error(rc, err, "interrupted; 1 new input written")
     assert read_embeddings(out).names == [str(image_dir / "a.png")]
     monkeypatch.undo()
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--resume")

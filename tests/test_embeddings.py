@@ -13,7 +13,7 @@ from PIL import Image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.data import embeddings
-from qwen_vit_jax.data.encode_files import image_patches
+from qwen_vit_jax.data.inputs import image_patches
 from qwen_vit_jax.preprocess.config import PreprocessConfig
 from qwen_vit_jax.preprocess.images import preprocess_images
 from qwen_vit_jax.runtime import batching, multihost

@@ -18,16 +18,17 @@ LAYERS = {
     "config": 2,
     "presets": 3,
     "plan": 4,
-    "preprocess": 4,
-    "model": 5,
-    "weights": 6,
-    "runtime": 7,
-    "data": 8,
-    "tools": 9,
-    "__init__": 10,
-    "__main__": 10,
+    "preprocess": 5,
+    "model": 6,
+    "weights": 7,
+    "runtime": 8,
+    "data": 9,
+    "tools": 10,
+    "__init__": 11,
+    "__main__": 11,
 }
 MAX_LINES = 600
+_LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use
 MAX_TOP_MODULES = 6
 
 
@@ -47,7 +48,7 @@ MODULES = _modules()
 
 def _imports(name: str, path: pathlib.Path) -> set[str]:
     """The package's modules that `name` imports anywhere in its file (functions included), and the
-    modules of the top-level lazy table (__init__'s _EXPORTS)."""
+    modules of a package's lazy tables (`_LAZY`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text())
@@ -61,10 +62,8 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
                 base = ".".join([*anchor, base] if base else anchor)
             for a in node.names:
                 found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base)
-        elif (
-            name == "qwen_vit_jax" and isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_EXPORTS"
-        ):
-            found.update(f"qwen_vit_jax.{v.value}" for v in node.value.values)
+        elif path.name == "__init__.py" and isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) in _LAZY:
+            found.update(f"{name}.{v.value}" for v in node.value.values)  # a lazy name -> module table
     return {m for m in found if m in MODULES and m != name}
 
 
@@ -114,6 +113,8 @@ def test_the_graph_is_read():
     above would see an upward or circular import there)."""
     assert "qwen_vit_jax.weights.sources" in GRAPH["qwen_vit_jax.runtime.encoder"]  # inside from_pretrained
     assert "qwen_vit_jax.runtime.encoder" in GRAPH["qwen_vit_jax"]  # the _EXPORTS table
+    assert "qwen_vit_jax.data" in GRAPH["qwen_vit_jax"]  # the _MODULES table
+    assert "qwen_vit_jax.data.pipeline" in GRAPH["qwen_vit_jax.data"]
     assert "qwen_vit_jax.plan.grid" in GRAPH["qwen_vit_jax.plan.assembly"]  # a relative import
 
 
@@ -140,6 +141,21 @@ def test_command_help_imports_no_jax(command):
     code = (
         f"import sys; from qwen_vit_jax.tools.cli import main; rc = main(['{command}', '--help']); "
         "assert rc == 0; heavy = [m for m in ('jax', 'flax', 'numba', 'torch') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_worker_imports_no_jax():
+    """A preprocessing worker process unpickles `pipeline.Prepare` and runs it: neither may import
+    the plan, jax or flax (a worker's start-up is Python + Grain's own imports)."""
+    code = (
+        "import sys, numpy as np; from qwen_vit_jax.data.pipeline import Prepare; "
+        "from qwen_vit_jax.preprocess.config import PreprocessConfig; c = PreprocessConfig(); "
+        "out = Prepare(c, c, 'qwen2_5_vl', False)(('x', np.zeros((56, 56, 3), np.uint8))); "
+        "assert out['data'].shape == (16, 1, 14, 14, 3), out; "
+        "heavy = [m for m in ('jax', 'flax', 'torch', 'qwen_vit_jax.plan') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

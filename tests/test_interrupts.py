@@ -144,7 +144,7 @@ def test_encode_resume_after_a_kill_equals_an_uninterrupted_run(tiny_dirs, image
     out = parent / "emb.safetensors"
     rc, err = run_and_signal("batch2", sig, "encode", *args, "-o", out)
     # interrupted after the first batch: what is done is saved, the rest left for --resume
-    assert rc == 1 and "interrupted: 1 new input written" in err and "Traceback" not in err, err
+    assert rc == 130 and "interrupted; 1 new input written" in err and "Traceback" not in err, err
     assert sorted(os.listdir(parent)) == ["emb.safetensors"]
     assert read_embeddings(out).names == [str(images / "im0.png")]
 

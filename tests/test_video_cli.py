@@ -118,7 +118,7 @@ def test_input_patches_from_headers(mixed_dir, tmp_path):
     to what preprocess_video makes of it; an unreadable file counts 0 (its owner reports it)."""
     import dataclasses
 
-    from qwen_vit_jax.data.encode_files import input_patches
+    from qwen_vit_jax.data.inputs import input_patches
     from qwen_vit_jax.preprocess.config import QWEN3_VL_VIDEO, VIDEO_DEFAULT, PreprocessConfig
 
     image_cfg = PreprocessConfig()

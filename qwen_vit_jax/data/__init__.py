@@ -1,7 +1,37 @@
-"""Inputs in, embeddings out: what `qwen-vit-jax encode` reads and writes. Read in this order:
+"""Inputs in, embeddings out: what `qwen-vit-jax encode` reads and writes, and the worker pipeline
+that prepares the inputs (`qvj.data.load`). Read in this order:
 
-stream.py        a background thread that prepares inputs ahead of the device; a progress bar.
-encode_files.py  finding image and video files, loading and preprocessing them, and the encode
-                 loop with progress, periodic saves, --resume and --keep-going.
-embeddings.py    the embeddings file (safetensors / npz) and its sharded form (one per process).
+  inputs.py        finding image and video files, decoding images (EXIF applied, as HF's
+                   load_image), patch counts from headers.
+  pipeline.py      the Grain pipeline: read -> decode -> resize -> uint8 patches in worker
+                   processes, in input order (`load`, `Loader`, `Item`).
+  stream.py        a progress bar; counts in words.
+  encode_files.py  the encode loop: items packed into calls, periodic saves, --resume, --keep-going,
+                   Ctrl-C and dead workers.
+  embeddings.py    the embeddings file (safetensors / npz) and its sharded form (one per process).
+
+Names load on first use: importing this package costs nothing; `qvj.data.load` imports Grain.
 """
+
+import importlib
+
+_EXPORTS = {
+    "load": "pipeline",
+    "Loader": "pipeline",
+    "Item": "pipeline",
+    "WorkerError": "pipeline",
+    "default_workers": "pipeline",
+    "find_inputs": "inputs",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'qwen_vit_jax.data' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f"qwen_vit_jax.data.{_EXPORTS[name]}"), name)
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

@@ -37,7 +37,7 @@ from flax import nnx
 from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model.attention import segment_attention, window_attention
 from qwen_vit_jax.model.numerics import Numerics
-from qwen_vit_jax.plan import Plan
+from qwen_vit_jax.plan import Patches, Plan
 
 MIN_DOT_ROWS = 64  # see PatchMerger
 
@@ -317,7 +317,8 @@ class VisionTransformer(nnx.Module):
     ) -> jax.Array | tuple:
         """Args:
           pixels: [N, patch_dim] with N = plan.bucket.patches (rows >= the real count are padding:
-            `plan.take(pixel_values)` builds this).
+            `plan.take(pixel_values)` builds this), or their uint8 `Patches` (`plan.take(patches)`),
+            turned into the same float rows here.
           plan: the chunk's `Plan` (host arrays, device arrays or tracers: only its shapes and its
             bucket are static).
           hidden_states: also return the patch embeddings (plus the position embedding, for
@@ -335,6 +336,8 @@ class VisionTransformer(nnx.Module):
         """
         cfg = self.cfg
         plan = jax.tree.map(jnp.asarray, plan)  # a closed-over host plan becomes constants
+        if isinstance(pixels, Patches):  # uint8 as decoded -> HF's float rows, on the device
+            pixels = pixels.to_float()  # [N, S, p, p, C] uint8 -> [N, patch_dim] float32
         x = self.patch_embed(pixels)  # [N, D] float32
         if self.patch_norm is not None:  # GLM: before the position table is added
             x = self.patch_norm(x)

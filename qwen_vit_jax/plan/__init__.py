@@ -15,7 +15,7 @@ to the device as one pytree; the jitted forward only ever sees bucket shapes. Re
   buckets.py    static shapes: `Bucket`, `BucketPolicy` (the N_pad ladder), window-slot counts,
                 `split_grid` (a request above the token budget cut at frame boundaries).
   contract.py   `Plan`, the form the device consumes (a registered pytree; the bucket is its
-                static metadata).
+                static metadata), and `Patches`, the pixels as uint8 with their lookup table.
   assembly.py   `make_plan` / `make_plans`: validation, caching, the buffer pool.
 
 Rows stay in the ORIGINAL pixel_values order (no permutation of the residual stream): full
@@ -34,7 +34,7 @@ from .buckets import (
     typical_windows,
     worst_windows,
 )
-from .contract import Plan
+from .contract import Patches, Plan
 from .grid import Grid, as_grid, validate_grid
 from .reference import (
     frame_cu_seqlens,
@@ -47,6 +47,7 @@ from .reference import (
 __all__ = [
     "Bucket",
     "Grid",
+    "Patches",
     "as_grid",
     "BucketPolicy",
     "BufferPool",

@@ -1,6 +1,8 @@
-"""The Plan: one chunk of a request, planned for the device (the host-to-device contract).
+"""What the host sends the device: the Plan (one chunk of a request, planned) and its pixels, as
+HF's float rows or as uint8 `Patches` (the pixels as decoded, an eighth of the bytes for an image).
 
-Built by `assembly.make_plans`; read by the model (`model/vit.py`) and attention (`model/attention.py`).
+Built by `assembly.make_plans` and preprocess/; read by the model (`model/vit.py`) and attention
+(`model/attention.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import jax
 import numpy as np
 
 from .buckets import Bucket
+
+_CHUNK = 256  # patch rows per host-side lookup step (Patches.to_float)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -131,27 +135,32 @@ class Plan:
         """This chunk's rows of the request's pixel_values, zero-padded to the bucket.
 
         Args:
-          pixel_values: [request_patches, patch_dim] the whole request's rows (HF patch order).
+          pixel_values: [request_patches, patch_dim] the whole request's rows (HF patch order), or
+            its `Patches`.
           dtype: of the result (default: pixel_values' dtype if floating, else float32).
         Returns:
-          np.ndarray [bucket.patches, patch_dim]: rows offset .. offset + n_patches, then zeros.
+          np.ndarray [bucket.patches, patch_dim]: rows offset .. offset + n_patches, then zeros (or
+          `Patches` of bucket.patches rows).
         """
-        px = np.asarray(pixel_values)
-        if px.ndim != 2:
+        px = pixel_values if isinstance(pixel_values, Patches) else np.asarray(pixel_values)
+        if not isinstance(px, Patches) and px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, patch_dim], got shape {px.shape}")
-        if px.shape[0] != self.request_patches:
+        if len(px) != self.request_patches:
             raise ValueError(
-                f"pixel_values has {px.shape[0]} rows but the plan's request has sum(t*h*w) = {self.request_patches}"
+                f"pixel_values has {len(px)} rows but the plan's request has sum(t*h*w) = {self.request_patches}"
             )
         return self.pad_rows(px, dtype)
 
-    def pad_rows(self, pixel_values: np.ndarray, dtype=None) -> np.ndarray:
-        """`take` without its checks, for a caller that has checked the request's pixel_values
-        itself (the encoder, once per request)."""
+    def pad_rows(self, pixel_values, dtype=None):
+        """`take` without its checks, for a caller that has checked the request's pixels itself
+        (the encoder, once per request). `Patches` are padded with zero bytes (whatever padding rows
+        hold never reaches a real row)."""
+        if isinstance(pixel_values, Patches):
+            return dataclasses.replace(pixel_values, data=self.pad_rows(pixel_values.data, np.uint8))
         px = pixel_values
         if dtype is None:
             dtype = px.dtype if np.issubdtype(px.dtype, np.floating) else np.float32
-        out = np.zeros((self.bucket.patches, px.shape[1]), dtype)  # [N_pad, P]
+        out = np.zeros((self.bucket.patches, *px.shape[1:]), dtype)  # [N_pad, ...]
         a, n = self.offset, self.n_patches
         out[:n] = px[a : a + n]
         return out
@@ -178,3 +187,89 @@ class Plan:
 
 
 jax.tree_util.register_pytree_with_keys(Plan, Plan._flatten_with_keys, Plan._unflatten)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Patches:
+    """Pixels as uint8 patches: what the host sends for the device to turn into HF's float rows.
+
+    A registered JAX pytree (leaves `data` and `table`; `temporal_patch_size` is static), accepted
+    wherever pixel_values are: `VisionEncoder.encode`, the module, `Plan.take`. An image's frame
+    travels once, not once per temporal slot: 588 bytes per patch against HF's 4,704 (float32).
+
+    data: uint8 [N, S, p, p, C]: for each patch row in HF's order, its S frames' p x p x C pixels as
+      decoded; S = 1 (an image: the frame fills all T temporal slots) or S = T (a video's T frames).
+    table: float32 [C, 256]: channel c's byte value v -> its rescaled and normalised float, computed
+      on the host with HF's own arithmetic (preprocess.images.pixel_table). On the host `to_float`
+      looks values up: HF's pixel_values bit for bit. On the device (JAX arrays) it applies the
+      affine map through the table's ends, one multiply-add per value: within one float32 ulp of
+      the table (docs/numerics.md).
+    temporal_patch_size: T, the slots of a row (1 for PaddleOCR-VL).
+    """
+
+    data: np.ndarray
+    table: np.ndarray
+    temporal_patch_size: int = 2
+
+    def __len__(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def frames_per_patch(self) -> int:
+        """S: 1 (an image's frame fills every temporal slot) or T (a video's frames)."""
+        return self.data.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.table.nbytes)
+
+    def to_float(self):
+        """HF's rows: float32 [N, C * T * p * p], each (C, T, p, p) flattened. NumPy in, NumPy out
+        (the table's values); JAX arrays (or tracers: inside the compiled forward) in, JAX out (its
+        affine map)."""
+        n, s, p, _, c = self.data.shape
+        t = self.temporal_patch_size
+        if isinstance(self.data, np.ndarray):  # on the host: in row chunks that stay in cache
+            out = np.empty((n, c, t, p, p), np.float32)
+            flat, offsets = np.asarray(self.table, np.float32).reshape(-1), 256 * np.arange(c)  # channel c at c * 256
+            for i in range(0, n, _CHUNK):
+                x = np.take(flat, self.data[i : i + _CHUNK] + offsets)  # [k, S, p, p, C]
+                out[i : i + _CHUNK] = x.transpose(0, 4, 1, 2, 3)  # [k, C, S, p, p]; an image fills every slot
+            return out.reshape(n, c * t * p * p)
+        # On the device the table's two ends give each channel's affine map (rescale then normalise is
+        # affine in the byte), applied as one multiply-add that fuses into the patch embedding's
+        # input: a gather of the table cost XLA's CPU backend 4x the whole program of a small tower
+        # (docs/numerics.md, "uint8 patches"). Within one float32 ulp of the table's values.
+        jnp = jax.numpy
+        table = jnp.asarray(self.table, jnp.float32)  # [C, 256]
+        slope = (table[:, 255] - table[:, 0]) * np.float32(1 / 255)  # [C]
+        x = self.data.astype(jnp.float32) * slope + table[:, 0]  # [N, S, p, p, C]
+        x = x.transpose(0, 4, 1, 2, 3)  # [N, C, S, p, p]
+        if s != t:  # an image: its frame in every temporal slot
+            x = jnp.broadcast_to(x, (n, c, t, p, p))
+        return x.reshape(n, c * t * p * p)  # [N, C * T * p * p]
+
+    @classmethod
+    def concatenate(cls, parts: list[Patches]) -> Patches:
+        """Requests one after another; images (S = 1) next to videos (S = T) get their frame
+        repeated into every slot (the same rows). The tables must agree."""
+        first = parts[0]
+        if any(
+            not np.array_equal(p.table, first.table) or p.temporal_patch_size != first.temporal_patch_size
+            for p in parts
+        ):
+            raise ValueError("Patches made with different preprocessing settings cannot share a call")
+        s = max(p.frames_per_patch for p in parts)
+        data = [p.data if p.frames_per_patch == s else np.repeat(p.data, s, axis=1) for p in parts]
+        return cls(data[0] if len(data) == 1 else np.concatenate(data), first.table, first.temporal_patch_size)
+
+    def _flatten_with_keys(self):
+        keys = (jax.tree_util.GetAttrKey("data"), jax.tree_util.GetAttrKey("table"))
+        return list(zip(keys, (self.data, self.table))), self.temporal_patch_size
+
+    @classmethod
+    def _unflatten(cls, temporal_patch_size, leaves):
+        return cls(*leaves, temporal_patch_size)
+
+
+jax.tree_util.register_pytree_with_keys(Patches, Patches._flatten_with_keys, Patches._unflatten)

@@ -5,7 +5,8 @@ A re-implementation of transformers' `Qwen2VLImageProcessorPil` (what `Qwen2VLIm
 falls back to without torchvision), checked bit-for-bit against it in the tests:
 
   convert to RGB -> smart_resize to multiples of patch * merge (28) within [min_pixels, max_pixels]
-  -> PIL resize (BICUBIC) on uint8 -> rescale 1/255 -> normalise with CLIP mean / std
+  -> Pillow's resize (BICUBIC) on uint8 (resize.py: its arithmetic, faster) -> rescale 1/255
+  -> normalise with CLIP mean / std
   -> patchify into rows ordered merge-unit-major, each row (C, T, ph, pw) flattened.
 
 Qwen3-VL and Qwen3.5 use the same HF image processor with other settings: patch 16 (factor 32),
@@ -34,14 +35,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
+from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN2_VL
 from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PADDLEOCR_PREPROCESS, PreprocessConfig
+from qwen_vit_jax.preprocess.resize import resize_rgb
 
-_CHUNK = 256  # patch rows per rescale / normalise step
+if TYPE_CHECKING:  # the plan (and jax) load where Patches are made, not in a worker process
+    from qwen_vit_jax.plan.contract import Patches
 
 
 def smart_resize(
@@ -73,13 +77,18 @@ def smart_resize(
 
 
 # ---- per-image steps ---------------------------------------------------------------------------------
-def _pil_to_rgb(img: Image.Image) -> np.ndarray:
-    """HF's PIL conversion: composite transparency onto white, else plain convert("RGB")."""
+def _pil_rgb(img: Image.Image) -> Image.Image:
+    """HF's PIL conversion: composite transparency onto white, else plain convert("RGB") (an RGB
+    image as it is)."""
     if "A" in img.getbands() or img.info.get("transparency") is not None:
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         img = Image.alpha_composite(white, rgba)
-    return np.asarray(img.convert("RGB"))
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    return np.asarray(_pil_rgb(img))
 
 
 def _array_to_uint8(a: np.ndarray, what: str) -> np.ndarray:
@@ -142,14 +151,15 @@ def to_hwc3(image: Any, cfg: PreprocessConfig, what: str) -> np.ndarray:
 
 
 def resize(a: np.ndarray, cfg: PreprocessConfig, size: tuple[int, int] | None = None) -> np.ndarray:
-    """HxWx3 uint8 -> resized uint8 (PIL, as HF's PIL backend), or checked as-is when do_resize is off."""
+    """HxWx3 uint8 -> resized uint8 (Pillow's pixels, as HF's PIL backend: resize.resize_rgb), or
+    checked as-is when do_resize is off."""
     h, w = a.shape[:2]
     if not cfg.do_resize:
         if h % cfg.factor or w % cfg.factor:
             raise ValueError(f"do_resize=False needs sides that are multiples of {cfg.factor}, got {h}x{w}")
         return a
     th, tw = size if size is not None else smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels)
-    return np.asarray(Image.fromarray(np.ascontiguousarray(a)).resize((tw, th), resample=cfg.resample))
+    return resize_rgb(a, th, tw, cfg.resample)
 
 
 def rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
@@ -165,24 +175,48 @@ def rescale_normalize(x: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
     return y
 
 
-def patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """[gt, t, H, W, 3] uint8 -> float32 [gt * H/p * W/p, 3 * T * p * p]; t is T (video) or 1 (an image,
-    repeated over T).
+def pixel_table(cfg: PreprocessConfig) -> np.ndarray:
+    """float32 [3, 256]: each channel's byte value -> its pixel_values float, by `rescale_normalize`
+    on the 256 values (elementwise: the same numbers it gives inside a whole image). What `Patches`
+    carry, so that the device only looks values up."""
+    values = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 1, 1, 256))  # [C, t, p, p] as 3 rows of 256
+    return rescale_normalize(values, cfg).reshape(3, 256)
+
+
+def patch_bytes(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[gt, t, H, W, 3] uint8 -> uint8 [gt * H/p * W/p, t, p, p, 3]: each patch row's t frames as decoded;
+    t is T (video) or 1 (an image).
 
     Rows: (t, h-block, w-block, h-in-block, w-in-block), i.e. merge units of m x m patches are
-    contiguous; each row is (C, T, ph, pw) flattened (HF's layout)."""
+    contiguous (HF's order)."""
     gt, t, H, W, C = frames.shape
-    p, m, T = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
+    p, m = cfg.patch_size, cfg.merge_size
     gh, gw = H // p, W // p
-    # shuffle while still uint8 (4x less memory traffic than float32), then convert
-    x = frames.reshape(gt, t, gh // m, m, p, gw // m, m, p, C).transpose(0, 2, 5, 3, 6, 8, 1, 4, 7)
-    x = np.ascontiguousarray(x).reshape(-1, C, t, p, p)
-    out = np.empty((len(x), C, T, p, p), np.float32)
-    # in row chunks so the float64 temporaries stay in cache (2x faster than whole-array passes);
-    # an image (t = 1) is broadcast over T on the write
-    for i in range(0, len(x), _CHUNK):
-        out[i : i + _CHUNK] = rescale_normalize(x[i : i + _CHUNK], cfg)
-    return out.reshape(gt * gh * gw, C * T * p * p)
+    x = frames.reshape(gt, t, gh // m, m, p, gw // m, m, p, C).transpose(0, 2, 5, 3, 6, 1, 4, 7, 8)
+    return np.ascontiguousarray(x).reshape(gt * gh * gw, t, p, p, C)  # [gt, hb, wb, i, j, t, py, px, C] -> rows
+
+
+def _raster_bytes(a: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[H, W, 3] uint8 -> uint8 [H/p * W/p, 1, p, p, 3], rows in raster order (PaddleOCR-VL's processor:
+    no merge-unit grouping)."""
+    H, W, C = a.shape
+    p = cfg.patch_size
+    x = a.reshape(H // p, p, W // p, p, C).transpose(0, 2, 1, 3, 4)  # [gh, p, gw, p, C] -> [gh, gw, p, p, C]
+    return np.ascontiguousarray(x).reshape(-1, 1, p, p, C)
+
+
+def patches_of(data: np.ndarray, cfg: PreprocessConfig) -> Patches:
+    """uint8 patch rows ([N, S, p, p, 3]) with `cfg`'s pixel table."""
+    from qwen_vit_jax.plan.contract import Patches
+
+    return Patches(data, pixel_table(cfg), cfg.temporal_patch_size)
+
+
+def patchify(frames: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
+    """[gt, t, H, W, 3] uint8 -> float32 [gt * H/p * W/p, 3 * T * p * p] (HF's pixel_values rows, each
+    (C, T, ph, pw) flattened; an image, t = 1, repeated over T): `patch_bytes` looked up in the
+    pixel table."""
+    return patches_of(patch_bytes(frames, cfg), cfg).to_float()
 
 
 def _resolve(config: PreprocessConfig | None, min_pixels, max_pixels) -> PreprocessConfig:
@@ -195,8 +229,13 @@ def _resolve(config: PreprocessConfig | None, min_pixels, max_pixels) -> Preproc
 
 # ---- public entry points -----------------------------------------------------------------------------
 def preprocess_images(
-    images, min_pixels: int | None = None, max_pixels: int | None = None, *, config: PreprocessConfig | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+    images,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    *,
+    config: PreprocessConfig | None = None,
+    uint8: bool = False,
+) -> tuple[np.ndarray | Patches, np.ndarray]:
     """Images -> vision-tower input, as HF's Qwen2VLImageProcessorPil.
 
     Args:
@@ -204,20 +243,52 @@ def preprocess_images(
         or a channels-last array (see the module docstring). Sizes may differ.
       min_pixels, max_pixels: override `config`'s pixel range when given.
       config: PreprocessConfig (default: HF class defaults).
+      uint8: return `Patches` (the bytes as decoded and resized, each frame once; the device
+        rescales and normalises them) instead of HF's float32 rows: the same numbers once expanded,
+        an eighth of the bytes (what `encode_images` and the CLI send).
 
     Returns:
       pixel_values: float32 [sum_i t*h_i*w_i, 3 * T * p * p] (e.g. (704, 1176) for 300x450), images
-        concatenated in order, each repeated over T.
+        concatenated in order, each repeated over T; with uint8, `Patches` of those rows.
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
     cfg = _resolve(config, min_pixels, max_pixels)
+    return _preprocess(images, cfg, QWEN2_VL, uint8)
+
+
+def target_size(height: int, width: int, cfg: PreprocessConfig, variant: str = QWEN2_VL) -> tuple[int, int]:
+    """The (height, width) HF's image processor of a tower `variant` resizes an image to: PaddleOCR-VL's
+    and GLM-4V's rules, smart_resize for the Qwen towers; the size itself without do_resize."""
+    if not cfg.do_resize:
+        return height, width
+    if variant == PADDLEOCR_VL:
+        return paddleocr_smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+    if variant == GLM4V:
+        return glm4v_smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.temporal_patch_size)
+    return smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
+
+
+def image_patches(
+    image, cfg: PreprocessConfig, variant: str = QWEN2_VL, what: str = "image"
+) -> tuple[np.ndarray, tuple]:
+    """One decoded image (a PIL image or an array, see `to_hwc3`) -> (uint8 patch rows
+    [h * w, 1, p, p, 3] in the variant's row order, its grid row (1, h, w)): resized by the
+    variant's rule."""
+    image = to_hwc3(image, cfg, what)
+    a = resize(image, cfg, target_size(*image.shape[:2], cfg, variant) if cfg.do_resize else None)
+    rows = _raster_bytes(a, cfg) if variant == PADDLEOCR_VL else patch_bytes(a[None, None], cfg)
+    return rows, (1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size)
+
+
+def _preprocess(images, cfg: PreprocessConfig, variant: str, uint8: bool):
+    """The image processors' shared loop: per image convert, resize, cut into patch rows."""
     rows, grids = [], []
     for i, image in enumerate(_image_list(images)):
-        a = resize(to_hwc3(image, cfg, f"image {i}"), cfg)
-        rows.append(patchify(a[None, None], cfg))
-        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
-    pixel_values = rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
-    return pixel_values, np.asarray(grids, dtype=np.int64)
+        r, grid = image_patches(image, cfg, variant, f"image {i}")
+        rows.append(r)
+        grids.append(grid)
+    patches = patches_of(rows[0] if len(rows) == 1 else np.concatenate(rows), cfg)
+    return patches if uint8 else patches.to_float(), np.asarray(grids, dtype=np.int64)
 
 
 # ---- PaddleOCR-VL ------------------------------------------------------------------------------------
@@ -237,39 +308,21 @@ def paddleocr_smart_resize(
     return smart_resize(int(height), int(width), factor, min_pixels, max_pixels)
 
 
-def _patchify_raster(a: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
-    """[H, W, 3] uint8 -> float32 [H/p * W/p, 3 * T * p * p], rows in raster order (PaddleOCR-VL's
-    processor: no merge-unit grouping), each row (C, T, ph, pw) with the image repeated over T."""
-    H, W, C = a.shape
-    p, T = cfg.patch_size, cfg.temporal_patch_size
-    x = a.reshape(H // p, p, W // p, p, C).transpose(0, 2, 4, 1, 3)  # [gh, p, gw, p, C] -> [gh, gw, C, p, p]
-    x = np.ascontiguousarray(x).reshape(-1, C, 1, p, p)  # [N, C, 1, p, p]
-    out = np.empty((len(x), C, T, p, p), np.float32)
-    for i in range(0, len(x), _CHUNK):  # the image is broadcast over T on the write
-        out[i : i + _CHUNK] = rescale_normalize(x[i : i + _CHUNK], cfg)
-    return out.reshape(len(x), C * T * p * p)
-
-
-def preprocess_paddleocr_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_paddleocr_images(
+    images, *, config: PreprocessConfig | None = None, uint8: bool = False
+) -> tuple[np.ndarray | Patches, np.ndarray]:
     """Images -> PaddleOCR-VL's tower input, as HF's PaddleOCRVLImageProcessorPil (bit for bit).
 
     Args:
       images: one image or a list of them (PIL images or channels-last uint8 arrays), any sizes.
       config: PreprocessConfig (default PADDLEOCR_PREPROCESS, HF's class defaults).
+      uint8: return `Patches` instead of floats (see `preprocess_images`).
     Returns:
       pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p] (HF's [N, 3, 14, 14] flattened per row),
-        rows in raster order per image, images concatenated in order.
+        rows in raster order per image, images concatenated in order (or their `Patches`).
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
-    cfg = _family_config(config, PADDLEOCR_PREPROCESS)
-    rows, grids = [], []
-    for i, image in enumerate(_image_list(images)):
-        a = to_hwc3(image, cfg, f"image {i}")
-        size = paddleocr_smart_resize(a.shape[0], a.shape[1], cfg.factor, cfg.min_pixels, cfg.max_pixels)
-        a = resize(a, cfg, size if cfg.do_resize else None)
-        rows.append(_patchify_raster(a, cfg))
-        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
-    return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
+    return _preprocess(images, _family_config(config, PADDLEOCR_PREPROCESS), PADDLEOCR_VL, uint8)
 
 
 # ---- GLM-4.1V / 4.5V ---------------------------------------------------------------------------------
@@ -321,31 +374,24 @@ def glm4v_smart_resize(
     return smart_resize_3d(temporal_factor, height, width, temporal_factor, factor, min_pixels, max_pixels)
 
 
-def preprocess_glm4v_images(images, *, config: PreprocessConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
+def preprocess_glm4v_images(
+    images, *, config: PreprocessConfig | None = None, uint8: bool = False
+) -> tuple[np.ndarray | Patches, np.ndarray]:
     """Images -> GLM-4.1V / 4.5V's tower input, as HF's Glm4vImageProcessorPil (bit for bit): Qwen's
     rows (merge units, each image repeated over the temporal patch), GLM's resize rule.
 
     Args:
       images: one image or a list of them (PIL images or channels-last uint8 arrays), any sizes.
       config: PreprocessConfig (default GLM4V_PREPROCESS, HF's class defaults).
+      uint8: return `Patches` instead of floats (see `preprocess_images`).
     Returns:
-      pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p], images concatenated in order.
+      pixel_values: float32 [sum_i h_i * w_i, 3 * T * p * p], images concatenated in order (or their
+        `Patches`).
       grid_thw: int64 [num_images, 3], rows [1, h_i, w_i] in patches.
     """
-    cfg = _family_config(config, GLM4V_PREPROCESS)
-    rows, grids = [], []
-    for i, image in enumerate(_image_list(images)):
-        a = to_hwc3(image, cfg, f"image {i}")
-        h, w = a.shape[:2]
-        size = glm4v_smart_resize(h, w, cfg.factor, cfg.min_pixels, cfg.max_pixels, cfg.temporal_patch_size)
-        a = resize(a, cfg, size if cfg.do_resize else None)
-        rows.append(patchify(a[None, None], cfg))
-        grids.append((1, a.shape[0] // cfg.patch_size, a.shape[1] // cfg.patch_size))
-    return np.concatenate(rows, axis=0), np.asarray(grids, dtype=np.int64)
+    return _preprocess(images, _family_config(config, GLM4V_PREPROCESS), GLM4V, uint8)
 
 
 def image_preprocessor(variant: str):
     """The `preprocess_*_images(images, config=...)` function of a tower variant's HF image processor."""
-    return {"paddleocr_vl": preprocess_paddleocr_images, "glm4v": preprocess_glm4v_images}.get(
-        variant, preprocess_images
-    )
+    return {PADDLEOCR_VL: preprocess_paddleocr_images, GLM4V: preprocess_glm4v_images}.get(variant, preprocess_images)

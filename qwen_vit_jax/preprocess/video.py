@@ -56,12 +56,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from qwen_vit_jax.preprocess.config import MAX_VIDEO_TOKENS, VIDEO_DEFAULT, PreprocessConfig
-from qwen_vit_jax.preprocess.images import patchify, resize, smart_resize, smart_resize_3d, to_hwc3
+from qwen_vit_jax.preprocess.images import patch_bytes, patches_of, resize, smart_resize, smart_resize_3d, to_hwc3
+
+if TYPE_CHECKING:
+    from qwen_vit_jax.plan.contract import Patches
 
 
 class VideoError(ValueError):
@@ -237,7 +241,8 @@ def preprocess_video(
     max_frames: int | None = None,
     source_fps: float | None = None,
     config: PreprocessConfig | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    uint8: bool = False,
+) -> tuple[np.ndarray | Patches, np.ndarray, np.ndarray | None]:
     """One video -> vision-tower input, sampled and sized as HF's video processor for `config`.
 
     Args:
@@ -250,10 +255,12 @@ def preprocess_video(
       source_fps: the frame rate of decoded frames (ignored for files, whose container says it).
       config: PreprocessConfig (default: HF's Qwen2VLVideoProcessor class defaults). Read a
         checkpoint's with `PreprocessConfig.from_hf(dir, video=True)`.
+      uint8: return `Patches` (the T frames of each row as decoded; the device rescales and
+        normalises them) instead of HF's float32 rows: the same numbers once expanded.
 
     Returns:
       pixel_values: float32 [gt * h * w, 3 * T * p * p]: sampled frames in runs of T (the last frame
-        repeated to fill the last run), HF's row layout.
+        repeated to fill the last run), HF's row layout; with uint8, `Patches` of those rows.
       grid_thw: int64 [1, 3] = [[gt, h, w]] in patches.
       timestamps: float64 [gt] seconds per temporal patch (module docstring), or None.
     """
@@ -292,7 +299,8 @@ def preprocess_video(
     if pad := -len(video) % T:  # fill the last run with the last frame
         video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
     gt = len(video) // T
-    pixel_values = patchify(video.reshape(gt, T, *video.shape[1:]), cfg)  # [gt, T, h, w, 3] -> rows
+    patches = patches_of(patch_bytes(video.reshape(gt, T, *video.shape[1:]), cfg), cfg)  # [gt, T, h, w, 3] -> rows
+    pixel_values = patches if uint8 else patches.to_float()
     grid = np.asarray([[gt, video.shape[1] // p, video.shape[2] // p]], dtype=np.int64)
     return pixel_values, grid, timestamps_of(indices, source_fps, total, cfg)
 

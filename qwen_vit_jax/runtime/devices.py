@@ -54,10 +54,14 @@ class Step:
     gather: np.ndarray
     rows: tuple[int, ...]
 
-    def take(self, pixel_values: np.ndarray, dtype) -> np.ndarray:
-        """The step's pixels: [D, N_pad, patch_dim] in `dtype`, each shard zero-padded."""
+    def take(self, pixel_values, dtype):
+        """The step's pixels: [D, N_pad, patch_dim] in `dtype`, each shard zero-padded; for `Patches`,
+        Patches of [D, N_pad, S, p, p, C] uint8 with the table stacked [D, C, 256] (one per device)."""
+        if isinstance(pixel_values, planlib.Patches):
+            table = np.broadcast_to(pixel_values.table, (len(self.runs), *pixel_values.table.shape))
+            return planlib.Patches(self.take(pixel_values.data, np.uint8), table, pixel_values.temporal_patch_size)
         n_pad = self.plan.bucket.patches
-        out = np.zeros((len(self.runs), n_pad, pixel_values.shape[1]), dtype)  # [D, N_pad, P]
+        out = np.zeros((len(self.runs), n_pad, *pixel_values.shape[1:]), dtype)  # [D, N_pad, P]
         for d, runs in enumerate(self.runs):
             at = 0
             for start, n in runs.tolist():

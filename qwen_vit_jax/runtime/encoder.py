@@ -141,7 +141,7 @@ class VisionEncoder:
         # Several devices: replicated (every device holds all parameters), placed in one go.
         where = self.device if self.mesh is None else NamedSharding(self.mesh, P())
         self._state = as_bits(fill_state(abstract, params, self.num, where))
-        self._compiled: dict[planlib.Bucket, jax.stages.Compiled] = {}
+        self._compiled: dict[tuple[planlib.Bucket, int | None], jax.stages.Compiled] = {}  # (bucket, frames)
         # Held while compiling: two threads asking for the same new bucket compile it once.
         self._compile_lock = threading.Lock()
         self.compile_seconds: dict[planlib.Bucket, float] = {}
@@ -171,8 +171,9 @@ class VisionEncoder:
 
     @property
     def compile_count(self) -> int:
-        """Programs compiled by this encoder so far (one per bucket; a program loaded from the
-        persistent compilation cache counts too, with its load time in compile_seconds)."""
+        """Programs compiled by this encoder so far (one per bucket and pixel form: float rows, or
+        `Patches` of 1 or T frames per row; a program loaded from the persistent compilation cache
+        counts too, with its load time in compile_seconds, which sums a bucket's programs)."""
         return len(self._compiled)
 
     # ---- the public entry points ---------------------------------------------------------
@@ -208,7 +209,8 @@ class VisionEncoder:
         # One transfer for everything this call needs, then every chunk's program is
         # dispatched before anything is fetched.
         inputs = jax.device_put(list(zip(pixels, plans)), self.device)
-        outs = [self._program(p.bucket)(self._state, px, p) for px, p in inputs]  # (tokens, features) each
+        frames = _frames_of(pixels[0])
+        outs = [self._program(p.bucket, frames)(self._state, px, p) for px, p in inputs]  # (tokens, features) each
         tokens = np.concatenate([p.unpad(np.asarray(o[0])) for p, o in zip(plans, outs)])
         self._count(grid)
         if not return_deepstack:
@@ -226,7 +228,8 @@ class VisionEncoder:
         px = self._pixels(pixel_values, grid, check_finite)
         shards = NamedSharding(self.mesh, P("data"))  # leading [D] axis of every input, one slice per device
         inputs = jax.device_put([(s.take(px, dtype_named(self.dtype)), s.plan) for s in steps], shards)
-        outs = [self._program(p.bucket)(self._state, x, p) for x, p in inputs]  # (tokens, features) each
+        frames = _frames_of(px)
+        outs = [self._program(p.bucket, frames)(self._state, x, p) for x, p in inputs]  # (tokens, features) each
 
         def gather(arrays):  # one [D, N_pad / mu, out] per step -> the request's rows in order
             return np.concatenate([np.asarray(a).reshape(-1, a.shape[-1])[s.gather] for s, a in zip(steps, arrays)])
@@ -237,7 +240,8 @@ class VisionEncoder:
         return tokens, [gather([o[1][k] for o in outs]) for k in range(self.cfg.num_deepstack)]
 
     def encode_images(self, images) -> list[np.ndarray]:
-        """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed.
+        """Preprocess (the checkpoint's preprocessor_config.json, else HF defaults) and embed. The
+        pixels travel as uint8 `Patches` (each image's frame once) and are normalised on the device.
 
         Args:
           images: a list of PIL images or HxWx3 uint8 arrays (any sizes).
@@ -247,7 +251,7 @@ class VisionEncoder:
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
         prep = image_preprocessor(self.cfg.variant)
-        return self._encode_many([prep([im], config=self.preprocess) for im in images])
+        return self._encode_many([prep([im], config=self.preprocess, uint8=True) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
         """One video, decoded and sampled by `preprocess_video` with `video_preprocess` (the checkpoint's
@@ -261,23 +265,26 @@ class VisionEncoder:
         """
         from qwen_vit_jax.preprocess.video import preprocess_video
 
-        pv, grid, _ = preprocess_video(video, config=self.video_preprocess, **sampling)
+        pv, grid, _ = preprocess_video(video, config=self.video_preprocess, uint8=True, **sampling)
         return self._encode_many([(pv, grid)])[0]
 
-    def _encode_many(self, items: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        """Encode (pixel_values, grid_thw) items, packing consecutive ones into calls of at
-        most max_batch_patches patches (a larger item runs alone)."""
+    def _encode_many(self, items: list[tuple[planlib.Patches, np.ndarray]]) -> list[np.ndarray]:
+        """Encode (patches, grid_thw) items, packing consecutive ones into calls of at most
+        max_batch_patches patches (a larger item runs alone)."""
         out = []
         for batch in pack(items, self.max_batch_patches, lambda item: len(item[0])):
-            emb = self.encode(np.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
+            emb = self.encode(planlib.Patches.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
             out.extend(np.split(emb, np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]))
         return out
 
-    def warmup(self, grids, *, tight: bool = False) -> list[planlib.Bucket]:
+    def warmup(self, grids, *, tight: bool = False, uint8: bool = False) -> list[planlib.Bucket]:
         """Compile the buckets that these grids land in.
 
         Args:
           grids: [k, 3] grid_thw requests.
+          uint8: compile the programs that take `Patches` (what encode_images, encode_video and the
+            CLI send: one frame per row for grids of images, t = 1 everywhere, else T) instead of
+            float pixel_values rows.
           tight: declare these grids as sizes that recur (a dataset resized to one resolution, a
             video stream's chunks): from now on every encode of exactly such a grid runs in its
             tight buckets (BucketPolicy.tight: rows rounded only as far as attention blocks need, not
@@ -294,8 +301,9 @@ class VisionEncoder:
             if tight:
                 with self._seen_lock:
                     self._declared.add(g.key)
+            frames = _frames_for(g, self.cfg) if uint8 else None
             for bucket in self._buckets(g):
-                self._program(bucket)
+                self._program(bucket, frames)
                 buckets.append(bucket)
         return buckets
 
@@ -307,10 +315,12 @@ class VisionEncoder:
         px = self._pixels(pixel_values, grid, check_finite)
         return plans, [p.pad_rows(px, dtype_named(self.dtype)) for p in plans]
 
-    def _pixels(self, pixel_values, grid: planlib.Grid, check_finite: bool) -> np.ndarray:
-        """pixel_values as a checked [N, patch_dim] array for a validated grid (the one check of a
-        request's pixels)."""
+    def _pixels(self, pixel_values, grid: planlib.Grid, check_finite: bool):
+        """pixel_values as a checked [N, patch_dim] array, or checked `Patches`, for a validated grid
+        (the one check of a request's pixels)."""
         cfg = self.cfg
+        if isinstance(pixel_values, planlib.Patches):
+            return self._patches(pixel_values, grid)
         px = np.asarray(pixel_values)
         if px.ndim != 2:
             raise ValueError(f"pixel_values must be 2-D [N, {cfg.patch_dim}], got shape {px.shape}")
@@ -332,6 +342,34 @@ class VisionEncoder:
         if cfg.raster_rows:  # PaddleOCR-VL: raster rows per frame -> merge units, on the host (exact)
             px = px[planlib.raster_to_merge_order(grid.array, cfg.spatial_merge_size)]
         return px
+
+    def _patches(self, patches: planlib.Patches, grid: planlib.Grid) -> planlib.Patches:
+        """`Patches` checked against this tower and the grid (rows, frames per row, patch, channels,
+        dtype, a finite table), their rows in merge-unit order."""
+        cfg, data, table = self.cfg, np.asarray(patches.data), np.asarray(patches.table)
+        want = (grid.patches, "S", cfg.patch_size, cfg.patch_size, cfg.in_channels)
+        if data.ndim != 5 or data.shape[2:] != want[2:] or data.shape[1] not in (1, cfg.temporal_patch_size):
+            raise ValueError(
+                f"Patches.data must be uint8 [N, S, p, p, C] = [{grid.patches}, 1 or {cfg.temporal_patch_size}, "
+                f"{cfg.patch_size}, {cfg.patch_size}, {cfg.in_channels}] for this tower, got shape {data.shape}: "
+                "preprocess with this checkpoint's settings, config=enc.preprocess / enc.video_preprocess"
+            )
+        if data.shape[0] != grid.patches:
+            raise ValueError(f"Patches hold {data.shape[0]} rows but grid_thw implies sum(t*h*w) = {grid.patches}")
+        if data.dtype != np.uint8:
+            raise ValueError(f"Patches.data must be uint8, got dtype {data.dtype}")
+        if patches.temporal_patch_size != cfg.temporal_patch_size:
+            raise ValueError(
+                f"Patches for temporal_patch_size {patches.temporal_patch_size}; "
+                f"the tower's is {cfg.temporal_patch_size}"
+            )
+        if table.shape != (cfg.in_channels, 256) or table.dtype != np.float32 or not np.isfinite(table).all():
+            raise ValueError(
+                f"Patches.table must be finite float32 [{cfg.in_channels}, 256], got {table.dtype} {table.shape}"
+            )
+        if cfg.raster_rows:  # PaddleOCR-VL: raster rows per frame -> merge units, on the host (exact)
+            data = data[planlib.raster_to_merge_order(grid.array, cfg.spatial_merge_size)]
+        return planlib.Patches(data, table, patches.temporal_patch_size)
 
     def _plans(self, grid: planlib.Grid) -> list[planlib.Plan]:
         """The plans the next encode of this grid uses: tight buckets for every chunk of a declared
@@ -373,7 +411,8 @@ class VisionEncoder:
                 self._seen.popitem(last=False)
 
     def cost_report(self, grid_thw) -> dict:
-        """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory.
+        """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory,
+        bytes sent to the device.
 
         Returns a dict with `buckets` (one per program call: a chunk, tight ones for a declared
         grid, see `warmup`, and a request's recurring chunks; on several devices one per mesh step,
@@ -381,7 +420,12 @@ class VisionEncoder:
         `compiled_flops` (the matmuls of those programs as they run: cost.dot_flops, summed over
         devices), `ideal_flops` (analytic: the same matmuls on the real rows only, attention over
         the real frames / windows), `flops_ratio`, `temp_bytes` (the compiled programs' largest temp
-        allocation, per device), `patches` and `padded_patches` (summed over devices).
+        allocation, per device, of the programs for float rows; a `Patches` program's adds their
+        expanded float32 rows), `patches` and `padded_patches` (summed over devices),
+        `host_to_device_bytes` (pixels and plans of every program call, all devices, as encode_images,
+        encode_video and the CLI send them: uint8 `Patches`), `host_to_device_bytes_float` (the same
+        with float rows in the compute dtype, as `encode(pixel_values)` sends them) and
+        `hf_pixel_bytes` (what HF's float32 pixel_values of the request weigh, for comparison).
         """
         g = planlib.as_grid(grid_thw, self.cfg)
         buckets = self._buckets(g)  # the next encode's: tight buckets for a grid that recurs
@@ -390,6 +434,10 @@ class VisionEncoder:
         frames, windows = planlib.segment_lengths(g, self.cfg)
         ideal = cost.ideal_flops(self.cfg, frames, windows)
         temp = max(self._program(b).memory_analysis().temp_size_in_bytes for b in buckets)
+
+        def sent(frames):  # bytes of every program call's inputs, all devices
+            return copies * sum(_nbytes(input_specs(self.cfg, b, self.dtype, frames)) for b in buckets)
+
         return {
             "buckets": [dataclasses.asdict(b) for b in buckets],
             "patches": g.patches,
@@ -398,6 +446,9 @@ class VisionEncoder:
             "ideal_flops": ideal,
             "flops_ratio": compiled / ideal,
             "temp_bytes": int(temp),
+            "host_to_device_bytes": sent(_frames_for(g, self.cfg)),
+            "host_to_device_bytes_float": sent(None),
+            "hf_pixel_bytes": g.patches * self.cfg.patch_dim * 4,
         }
 
     def _buckets(self, grid: planlib.Grid) -> list[planlib.Bucket]:
@@ -413,22 +464,25 @@ class VisionEncoder:
             self._flops[bucket] = cost.dot_flops(traced.jaxpr)
         return self._flops[bucket]
 
-    def _program(self, bucket: planlib.Bucket) -> jax.stages.Compiled:
-        program = self._compiled.get(bucket)
+    def _program(self, bucket: planlib.Bucket, frames: int | None = None) -> jax.stages.Compiled:
+        """The compiled program of `bucket` for float pixel rows (frames None) or for `Patches` of
+        `frames` frames per row."""
+        key = (bucket, frames)
+        program = self._compiled.get(key)
         if program is not None:  # the hot path takes no lock
             return program
         with self._compile_lock:  # one compile at a time; a waiter finds the program done
-            program = self._compiled.get(bucket)
+            program = self._compiled.get(key)
             if program is not None:
                 return program
             t0 = time.perf_counter()
-            specs = input_specs(self.cfg, bucket, self.dtype)
+            specs = input_specs(self.cfg, bucket, self.dtype, frames)
             if self.mesh is None:
                 program = jax.jit(self._forward).lower(self._state, *specs).compile()
             else:
                 program = self._mesh_forward(specs)
-            self.compile_seconds[bucket] = time.perf_counter() - t0
-            self._compiled[bucket] = program  # last: a lock-free reader sees a finished entry
+            self.compile_seconds[bucket] = self.compile_seconds.get(bucket, 0.0) + time.perf_counter() - t0
+            self._compiled[key] = program  # last: a lock-free reader sees a finished entry
         return program
 
     def _forward(self, state, pixels, plan):
@@ -494,3 +548,20 @@ def check_finite_rows(pixel_values: np.ndarray, grid_thw) -> None:
         f"{g[image].tolist()}), its row {first} (pixel_values row {row}) has {value}; "
         f"{int(bad.sum())} bad row(s) in all"
     )
+
+
+def _frames_of(pixels) -> int | None:
+    """The program's pixel form for these (padded) pixels: None for float rows, else the `Patches`'
+    frames per row."""
+    return pixels.frames_per_patch if isinstance(pixels, planlib.Patches) else None
+
+
+def _frames_for(grid: planlib.Grid, cfg: VisionConfig) -> int:
+    """The frames per row of the `Patches` the preprocessors make for a grid: 1 for images (every
+    t = 1), T when it holds a video."""
+    return 1 if all(t == 1 for t, _, _ in grid.key) else cfg.temporal_patch_size
+
+
+def _nbytes(tree) -> int:
+    """Bytes of every array (or shape struct) in a pytree."""
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree))

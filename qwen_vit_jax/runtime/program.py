@@ -5,7 +5,10 @@ encoder (runtime/encoder.py) and the ahead-of-time compiles (tools/aot.py).
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -26,8 +29,11 @@ def mesh_program(forward_fn, mesh: Mesh):
     replicated parameters; no collective, so devices never wait for each other inside a step."""
     data = P("data")
 
-    def per_device(state, pixels, plan):  # [1, N_pad, P], Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
-        out = forward_fn(state, pixels[0], jax.tree.map(lambda a: a[0], plan))  # (tokens, features)
+    def per_device(
+        state, pixels, plan
+    ):  # [1, N_pad, P] (or Patches of [1, ...]), Plan of [1, ...] -> ([1, N_pad / mu, out], [...])
+        first = functools.partial(jax.tree.map, lambda a: a[0])
+        out = forward_fn(state, first(pixels), first(plan))  # (tokens, features)
         return jax.tree.map(lambda a: a[None], out)
 
     # check_vma=False: the platforms' attention kernels (Pallas calls) do not declare how their
@@ -42,7 +48,15 @@ def mesh_specs(specs: tuple[jax.ShapeDtypeStruct, planlib.Plan], mesh: Mesh):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct((d, *a.shape), a.dtype, sharding=sharding), specs)
 
 
-def input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str) -> tuple[jax.ShapeDtypeStruct, planlib.Plan]:
-    """Shapes of one bucket's inputs: (pixels, abstract plan)."""
-    pixels = jax.ShapeDtypeStruct((bucket.patches, cfg.patch_dim), dtype_named(dtype))
+def input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str, frames: int | None = None):
+    """Shapes of one bucket's inputs: (pixels, abstract plan). pixels: float rows [N_pad, patch_dim]
+    in the compute dtype (frames None), or `Patches` of `frames` frames per row (uint8
+    [N_pad, frames, p, p, C] and the float32 [C, 256] table)."""
+    n = bucket.patches
+    if frames is None:
+        pixels = jax.ShapeDtypeStruct((n, cfg.patch_dim), dtype_named(dtype))
+    else:
+        data = jax.ShapeDtypeStruct((n, frames, cfg.patch_size, cfg.patch_size, cfg.in_channels), np.uint8)
+        table = jax.ShapeDtypeStruct((cfg.in_channels, 256), np.float32)
+        pixels = planlib.Patches(data, table, cfg.temporal_patch_size)
     return pixels, planlib.Plan.abstract(bucket)

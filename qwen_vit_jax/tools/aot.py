@@ -123,12 +123,15 @@ def compile_bucket(
     devices: int = 1,
     attention: str = "xla",
     patches: int = 0,
+    frames: int | None = 1,
 ) -> tuple[jax.stages.Compiled, BucketReport]:
     """Compile the encoder's program for one bucket on `devices` devices of `target`, deviceless.
 
     One device: the encoder's single-device program; several: its mesh program (one `shard_map`
-    over the frames, parameters replicated; memory is per device). Returns (the compiled
-    executable, its BucketReport).
+    over the frames, parameters replicated; memory is per device). frames: the pixels it takes,
+    uint8 `Patches` of 1 frame per row (images, what encode_images and the CLI send; the default),
+    of T frames (videos), or None for HF's float rows. Returns (the compiled executable, its
+    BucketReport).
     """
     model = abstract_model(cfg, dtype, target.platform, attention)
     graphdef, state = nnx.split(model)
@@ -136,7 +139,7 @@ def compile_bucket(
     mesh = Mesh(np.array(target.devices(devices)), ("data",))
     replicated = NamedSharding(mesh, P())
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), state)
-    specs = input_specs(cfg, bucket, dtype)
+    specs = input_specs(cfg, bucket, dtype, frames)
 
     def one(state, pixels, plan):
         return forward(graphdef, state, pixels, plan)
@@ -145,7 +148,7 @@ def compile_bucket(
         fn, args = one, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), specs)
     else:
         fn, args = mesh_program(one, mesh), mesh_specs(specs, mesh)
-    traced = jax.jit(one).trace(state, *input_specs(cfg, bucket, dtype))  # one device's work, for the counts
+    traced = jax.jit(one).trace(state, *input_specs(cfg, bucket, dtype, frames))  # one device's work, for the counts
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(state, *args).compile()
     compile_s = time.perf_counter() - t0
@@ -216,17 +219,21 @@ def run(
     attention: str = "xla",
     progress=print,
 ) -> list[BucketReport]:
-    """Compile every distinct bucket the encoder uses for `grids` on `target_name`; one report each."""
+    """Compile every distinct program the encoder runs for `grids` on `target_name` (its buckets, each
+    taking the uint8 `Patches` the CLI sends: 1 frame per row for a grid of images, T for a video);
+    one report each."""
     target = target_named(target_name)
     seen, reports = set(), []
-    for bucket, rows in buckets_for(cfg, grids, devices):
-        if bucket in seen:
-            continue
-        seen.add(bucket)
-        _, report = compile_bucket(target, cfg, bucket, dtype, devices, attention, patches=rows)
-        reports.append(report)
-        if progress:
-            progress(f"  compiled {bucket.patches} rows in {report.compile_s:.1f} s")
+    for g in grids:
+        frames = 1 if all(t == 1 for t, _, _ in np.asarray(g).tolist()) else cfg.temporal_patch_size
+        for bucket, rows in buckets_for(cfg, [g], devices):
+            if (bucket, frames) in seen:
+                continue
+            seen.add((bucket, frames))
+            _, report = compile_bucket(target, cfg, bucket, dtype, devices, attention, patches=rows, frames=frames)
+            reports.append(report)
+            if progress:
+                progress(f"  compiled {bucket.patches} rows in {report.compile_s:.1f} s")
     return reports
 
 
@@ -247,3 +254,47 @@ def config_of(path) -> VisionConfig:
     if isinstance(meta, dict) and meta.get("format") == FORMAT:
         return VisionConfig.from_dict(meta["vision_config"])
     return VisionConfig.from_hf(meta)
+
+
+# ---- the command ----------------------------------------------------------------------------------
+def command(args) -> int:
+    """`qwen-vit-jax aot` (tools/cli.py parses its arguments): compile, then print per bucket."""
+    import json
+
+    from qwen_vit_jax.presets import PRESETS
+    from qwen_vit_jax.tools.args import CommandError, parse_sizes
+
+    if (args.checkpoint is None) == (args.variant is None):
+        raise CommandError("give a checkpoint directory or --variant PRESET (one of them)")
+    if args.devices < 1:
+        raise CommandError(f"--devices must be >= 1, got {args.devices}")
+    grids = [np.array([s]) for s in parse_sizes(args.sizes)]
+    jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compile targets are deviceless
+    jax.config.update("jax_enable_compilation_cache", False)  # a deviceless program cannot be loaded back
+    cfg = PRESETS[args.variant] if args.variant else config_of(args.checkpoint)
+    target = target_named(args.target)
+    name = args.variant or args.checkpoint
+    print(
+        f"{name}: {cfg.variant}, depth {cfg.depth}, width {cfg.width}; {args.dtype}, attention {args.attention}; "
+        f"target {target.description} x {args.devices} (deviceless compile; peaks: "
+        f"{target.peak_flops[args.dtype] / 1e12:,.0f} TFLOP/s, {target.bandwidth / 1e12:.2f} TB/s, "
+        f"{target.memory_bytes / GIB:.0f} GiB per device)"
+    )
+    try:
+        reports = run(args.target, cfg, grids, args.dtype, args.devices, args.attention, progress=None)
+    except CompilerMissing as e:
+        raise CommandError(str(e)) from None
+    print(format_reports(reports))
+    print(
+        "memory: per device, from the compiled program; GFLOP / GB moved: one device's matmuls (operands read "
+        "and results written once); roofline: an estimate at published peaks, not a measurement"
+    )
+    if args.json:
+        rows = [
+            {**dataclasses.asdict(r), "bucket": dataclasses.asdict(r.bucket), "peak_bytes": r.peak_bytes}
+            | {"fits": r.fits(), "roofline_s": r.roofline_s}
+            for r in reports
+        ]
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "checkpoint": name, "reports": rows}, f, indent=1)
+    return 1 if any(r.host_ops for r in reports) else 0

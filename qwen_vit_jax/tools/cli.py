@@ -11,7 +11,7 @@ subcommand of this parser (`set_defaults(func=...)`).
 
 Argument parsing and command glue; the options several commands share and the long help texts
 are args.py. encode's inputs (finding, loading images and videos, the loop with progress,
---keep-going and --resume) are data/encode_files.py, the embeddings file format
+--keep-going and --resume) are data/inputs.py, pipeline.py and encode_files.py, the embeddings file format
 data/embeddings.py, several processes runtime/multihost.py.
 
 Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
@@ -34,14 +34,7 @@ import time
 import numpy as np
 
 from qwen_vit_jax.data.embeddings import FORMAT, VERSION
-from qwen_vit_jax.data.encode_files import (
-    IMAGE_SUFFIXES,
-    VIDEO_SUFFIXES,
-    encode_files,
-    find_inputs,
-    input_patches,
-    resume_from,
-)
+from qwen_vit_jax.data.inputs import IMAGE_SUFFIXES, VIDEO_SUFFIXES, find_inputs, input_patches
 from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.files import sigterm_as_interrupt
 from qwen_vit_jax.tools.args import (
@@ -102,6 +95,8 @@ def cmd_export(args) -> int:
 # ---- encode ---------------------------------------------------------------------------------------
 def cmd_encode(args) -> int:
     from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+    from qwen_vit_jax.data.encode_files import encode_files, resume_from
+    from qwen_vit_jax.data.pipeline import default_workers, tune_allocator
     from qwen_vit_jax.runtime import multihost
 
     out = pathlib.Path(args.output)
@@ -115,6 +110,10 @@ def cmd_encode(args) -> int:
     for flag in ("batch_patches", "num_frames", "max_frames", "fps"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.workers is not None and args.workers < 0:
+        raise CommandError(f"--workers must be >= 0, got {args.workers}")
+    workers = default_workers() if args.workers is None else args.workers
+    tune_allocator()  # this process decodes too with --workers 0 (and packs every batch)
     # before anything touches a device: jax.distributed must start first
     cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     sharded = cluster.count > 1
@@ -164,7 +163,7 @@ def cmd_encode(args) -> int:
             print(f"nothing to do: {out} holds all {count(len(paths), 'input')}")
             return 0
     # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
-    paths = multihost.share(todo, cluster, lambda p: input_patches(p, image_cfg, video_cfg))
+    paths = multihost.share(todo, cluster, lambda p: input_patches(p, image_cfg, video_cfg, enc.cfg.variant))
     if sharded:
         print(
             f"process {cluster.index} of {cluster.count}: {len(paths)} of {count(len(todo), 'input')} -> {target}",
@@ -183,11 +182,14 @@ def cmd_encode(args) -> int:
         batch_patches=args.batch_patches or enc.max_batch_patches,
         keep_going=args.keep_going or sharded,
         save_empty=sharded,
+        workers=workers,
+        fast_decode=args.fast_decode,
     )
     held = len(r.names) + (0 if old is None else len(old.names))
     print(
         f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
-        f"({len(r.names) / max(r.seconds, 1e-9):.1f} inputs/s on {len(enc.devices)} device(s); "
+        f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
+        f"{count(workers, 'worker')}, {r.seconds_waiting / max(r.seconds, 1e-9):.0%} of it waiting for inputs; "
         f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
         f"({count(held, 'input')})"
     )
@@ -329,48 +331,9 @@ def cmd_demo(args) -> int:
 
 # ---- aot ------------------------------------------------------------------------------------------
 def cmd_aot(args) -> int:
-    import dataclasses
-    import json
+    from qwen_vit_jax.tools.aot import command  # jax: only for this command
 
-    import jax
-
-    from qwen_vit_jax.presets import PRESETS
-    from qwen_vit_jax.tools import aot
-
-    if (args.checkpoint is None) == (args.variant is None):
-        raise CommandError("give a checkpoint directory or --variant PRESET (one of them)")
-    if args.devices < 1:
-        raise CommandError(f"--devices must be >= 1, got {args.devices}")
-    grids = [np.array([s]) for s in parse_sizes(args.sizes)]
-    jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compile targets are deviceless
-    jax.config.update("jax_enable_compilation_cache", False)  # a deviceless program cannot be loaded back
-    cfg = PRESETS[args.variant] if args.variant else aot.config_of(args.checkpoint)
-    target = aot.target_named(args.target)
-    name = args.variant or args.checkpoint
-    print(
-        f"{name}: {cfg.variant}, depth {cfg.depth}, width {cfg.width}; {args.dtype}, attention {args.attention}; "
-        f"target {target.description} x {args.devices} (deviceless compile; peaks: "
-        f"{target.peak_flops[args.dtype] / 1e12:,.0f} TFLOP/s, {target.bandwidth / 1e12:.2f} TB/s, "
-        f"{target.memory_bytes / aot.GIB:.0f} GiB per device)"
-    )
-    try:
-        reports = aot.run(args.target, cfg, grids, args.dtype, args.devices, args.attention, progress=None)
-    except aot.CompilerMissing as e:
-        raise CommandError(str(e)) from None
-    print(aot.format_reports(reports))
-    print(
-        "memory: per device, from the compiled program; GFLOP / GB moved: one device's matmuls (operands read "
-        "and results written once); roofline: an estimate at published peaks, not a measurement"
-    )
-    if args.json:
-        rows = [
-            {**dataclasses.asdict(r), "bucket": dataclasses.asdict(r.bucket), "peak_bytes": r.peak_bytes}
-            | {"fits": r.fits(), "roofline_s": r.roofline_s}
-            for r in reports
-        ]
-        with open(args.json, "w") as f:
-            json.dump({"target": args.target, "checkpoint": name, "reports": rows}, f, indent=1)
-    return 1 if any(r.host_ops for r in reports) else 0
+    return command(args)
 
 
 # ---- the parser -----------------------------------------------------------------------------------
@@ -464,6 +427,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full size: ~16k patches)",
     )
     add_compile_cache(p)
+    g = p.add_argument_group("preprocessing")
+    g.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes that read, decode, resize and patchify the inputs (default: the cores left "
+        "after this process; 0: in this process); the output is the same for every N",
+    )
+    g.add_argument(
+        "--fast-decode",
+        action="store_true",
+        help="decode a JPEG at 1/2, 1/4 or 1/8 scale when it is resized to that or less anyway (2-4x less "
+        "decoding; not HF's pixels: docs/numerics.md)",
+    )
     g = p.add_argument_group("several processes (one shard of OUT each)")
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
     g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
@@ -583,5 +560,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The console script: `main`, then exit. After an interrupt the process ends at once once every
+    output is saved and every worker closed (`os._exit`): an interrupt can land while XLA compiles on
+    its own threads, and finalising the interpreter under them crashed it (SIGSEGV)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

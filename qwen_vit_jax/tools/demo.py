@@ -27,7 +27,6 @@ from PIL import Image, ImageDraw
 from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN3_5, QWEN3_FAMILY
 from qwen_vit_jax.preprocess.config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-from qwen_vit_jax.preprocess.images import glm4v_smart_resize, paddleocr_smart_resize, smart_resize
 from qwen_vit_jax.presets import (
     GLM_4_1V_9B,
     GLM_4_5V,
@@ -418,6 +417,7 @@ def run_demo(
     )
 
     from qwen_vit_jax import plan as planlib
+    from qwen_vit_jax.preprocess.images import target_size
 
     images = sample_images()
     m = cfg.spatial_merge_size
@@ -438,8 +438,7 @@ def run_demo(
     grids = []  # patch grid (h, w) of each image: its preprocessed size / patch_size
     p = enc.preprocess
     for (name, im), emb in zip(images.items(), embs):
-        resize = {PADDLEOCR_VL: paddleocr_smart_resize, GLM4V: glm4v_smart_resize}.get(enc.cfg.variant, smart_resize)
-        hh, ww = resize(im.height, im.width, p.factor, p.min_pixels, p.max_pixels)
+        hh, ww = target_size(im.height, im.width, p, enc.cfg.variant)
         grids.append((hh // p.patch_size, ww // p.patch_size))
         log(
             f"  {name:<13} {im.width}x{im.height} px -> grid_thw [1, {grids[-1][0]}, {grids[-1][1]}] "
