@@ -18,9 +18,26 @@ Reported: median seconds, speed-up vs HF in the same dtype and vs HF's fastest m
 of the analytic FLOPs (common.forward_flops), % of the mode's own XLA peak (float32 for
 float32, bf16_f32acc for bfloat16), the error vs HF float32, and lscpu's model and flags.
 
+With --against REV: ours at the working tree vs ours at REV (any revision since 958bdcf, the
+flat layout before 269ba0d too), no HF unless --with-hf. REV runs from a git worktree under the
+bench cache (common.worktree) put first on PYTHONPATH, so its process imports REV's package while
+this file's helpers stay the working tree's. Both sides run the same worker through the public
+names only: VisionEncoder.from_pretrained(dir, dtype=..., tight_after=1), encode(pixels, grid):
+tight_after=1 puts every grid on its tight bucket from the first call (the bucket the default
+mode's warmup(tight=True) compiles; older revisions lack that argument). The converted checkpoint
+is the working tree's (common.checkpoint); a REV that cannot read it converts the HF directory
+with its own convert_checkpoint into a cache directory of its own. Per variant, the two (three)
+processes alternate over --rounds; reported: median seconds of each, REV / working tree (> 1:
+the working tree is faster) over all rounds and per round, the first call (compile included),
+the relative difference of REV's output from the working tree's, the CPU and REV's hash and
+subject. JSON: benchmarks/results/forward-against-HASH[-quick].json; no plot. --quick's
+2-block towers take milliseconds a call: their ratios show the path works, not a speed.
+
     python benchmarks/bench_forward.py [--quick] [--variants ...] [--sizes 16,36]
         [--dtypes float32,bfloat16] [--repeats N] [--rounds R] [--device auto|cpu|cuda]
         [--out PATH] [--plot PATH]
+    python benchmarks/bench_forward.py --against REV [--with-hf] [--quick] [--variants ...]
+        [--sizes 16,36] [--dtypes float32,bfloat16] [--repeats N] [--rounds R] [--out PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ import argparse
 import functools
 import json
 import pathlib
+import shutil
 import time
 
 import common
@@ -137,6 +155,59 @@ def ours_worker(p: dict) -> dict:
     return out
 
 
+def encode_worker(p: dict) -> dict:
+    """One side of --against, one process, through the public names alone (there since 958bdcf):
+    whichever package `import qwen_vit_jax` finds, checked to be p["package"] (the working tree's,
+    or REV's worktree first on PYTHONPATH). Reads p["ours"]; when that fails and p["own"] is
+    set, converts p["hf"] into p["own"] with this package's convert_checkpoint and reads that."""
+    import jax
+
+    import qwen_vit_jax as qvj
+
+    found = pathlib.Path(qvj.__file__).resolve().parent
+    if found != pathlib.Path(p["package"]).resolve():
+        raise RuntimeError(f"imported qwen_vit_jax from {found}, expected {p['package']}")
+    ckpt, fallback = p["ours"], None
+
+    def load(dtype: str):
+        return qvj.VisionEncoder.from_pretrained(ckpt, dtype=dtype, tight_after=1)
+
+    try:
+        enc = load(p["dtypes"][0])
+    except Exception as e:  # any failure to read the shared directory
+        if not p.get("own"):
+            raise
+        enc, fallback = None, f"{type(e).__name__}: {e}"
+    if enc is None:  # outside the except: JAX's first use here would chain its logs to the error
+        common.log(f"{found} cannot read {ckpt} ({fallback}); its own convert_checkpoint into {p['own']}")
+        ckpt = own_checkpoint(qvj.convert_checkpoint, p["hf"], p["own"])
+        enc = load(p["dtypes"][0])
+    out = {
+        "device": str(jax.devices()[0]),
+        "package": str(found),
+        "checkpoint": ckpt,
+        "checkpoint_fallback": fallback,
+        "dtypes": {},
+        "versions": common.versions("jax", "jaxlib", "flax"),
+    }
+    for dtype in p["dtypes"]:
+        enc = load(dtype) if enc is None else enc
+        out["dtypes"][dtype] = time_sizes(enc.encode, p, f"{p['name']}-{dtype}")
+        enc = None
+    return out
+
+
+def own_checkpoint(convert, hf: str, own: str) -> str:
+    """`own`, written once by convert(hf, ...) (through a temporary directory: atomic)."""
+    own_dir = pathlib.Path(own)
+    if not own_dir.is_dir():
+        tmp = own_dir.with_name(own_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        convert(hf, tmp)
+        tmp.rename(own_dir)
+    return str(own_dir)
+
+
 def time_sizes(call, p: dict, name: str, compile_seconds: dict | None = None, warmup=None) -> dict:
     """call(pixels, grid) on each size: a first call (saved to outputs/NAME-SIDE.npy; with
     `compile_seconds`, the encoder's, the compile seconds it added; with `warmup`, the encoder's,
@@ -178,12 +249,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2-block configs, sides 8 and 16, 2 repeats")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/forward[-quick].json)")
     ap.add_argument("--plot", help="PNG path (default: benchmarks/forward.png; quick: in results/)")
+    ap.add_argument("--against", metavar="REV", help="ours at the working tree vs ours at git revision REV")
+    ap.add_argument("--with-hf", action="store_true", help="with --against: HF's processes too")
     args = ap.parse_args()
-    out = args.out or common.default_out("forward", args.quick)
-    png = args.plot or (common.default_out("forward", True, "png") if args.quick else PLOT)
+    if args.with_hf and not args.against:
+        ap.error("--with-hf goes with --against (the default mode always runs HF)")
     variants, dtypes = args.variants.split(","), args.dtypes.split(",")
     sizes = [8, 16] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeats = 2 if args.quick else args.repeats
+    if args.against:
+        return against(args, variants, dtypes, sizes, repeats)
+    out = args.out or common.default_out("forward", args.quick)
+    png = args.plot or (common.default_out("forward", True, "png") if args.quick else PLOT)
 
     peak_payload = {
         "n": 512 if args.quick else args.peak_n,
@@ -338,10 +415,144 @@ def main() -> None:
         common.log("matplotlib is not installed: no plot (benchmarks/plot_forward.py draws it later)")
 
 
+def against(args, variants: list[str], dtypes: list[str], sizes: list[int], repeats: int) -> None:
+    """--against REV: the working tree's encoder vs REV's, alternating processes (see the module
+    docstring); prints the table, writes the JSON."""
+    rev, tree = common.rev_info(args.against), common.tree_info()
+    short = rev["hash"][:12]
+    rev_tree = common.worktree(rev["hash"])
+    impls = {  # name -> (worker kind, env, package dir, outputs prefix)
+        "tree": ("encode", None, common.ROOT / "qwen_vit_jax", "tree"),
+        "REV": ("encode", common.rev_env(rev_tree), rev_tree / "qwen_vit_jax", f"rev-{short}"),
+    }
+    if args.with_hf:
+        impls["HF"] = ("hf", common.torch_env(), None, "hf")
+    common.log(f"against {rev['hash']} {rev['subject']!r} (worktree {rev_tree})")
+    results, outputs = {}, {}
+    for rnd in range(args.rounds):
+        for variant in variants:
+            cfg = common.model_config(variant, args.quick)
+            dirs = common.checkpoint(__file__, variant, args.quick)
+            outputs[variant] = pathlib.Path(dirs["hf"]).parent / "outputs"
+            outputs[variant].mkdir(exist_ok=True)
+            payload = {
+                **dirs,
+                "dtypes": dtypes,
+                "sizes": sizes,
+                "repeats": repeats,
+                "patch_dim": cfg.patch_dim,
+                "device": args.device,
+                "outputs": str(outputs[variant]),
+            }
+            order = list(impls) if rnd % 2 == 0 else list(impls)[::-1]
+            for impl in order:
+                kind, env, package, name = impls[impl]
+                p = dict(payload, package=str(package), name=name)
+                if impl == "REV":  # where REV converts for itself if it cannot read the shared directory
+                    p["own"] = str(pathlib.Path(dirs["ours"]).parent / f"ours-rev-{short}")
+                res = common.run_worker(__file__, kind, p, env=env)
+                results[variant, impl] = merge_round(results.get((variant, impl)), res)
+
+    records = []
+    for variant in variants:
+        for dtype in dtypes:
+            for side in sizes:
+                t, r = (results[variant, i]["dtypes"][dtype][str(side)] for i in ("tree", "REV"))
+                rec = {
+                    "variant": variant,
+                    "grid_thw": grid_of(side),
+                    "patches": side * side,
+                    "dtype": dtype,
+                    "tree_seconds": t["median"],
+                    "rev_seconds": r["median"],
+                    "ratio_rev_over_tree": r["median"] / t["median"],
+                    "round_ratios": [
+                        b / a
+                        for a, b in zip(t.get("round_medians", [t["median"]]), r.get("round_medians", [r["median"]]))
+                    ],
+                    "tree_first_s": t["first"],
+                    "rev_first_s": r["first"],
+                    "rel_diff_rev_vs_tree": rel_err(
+                        outputs[variant], f"rev-{short}-{dtype}-{side}", f"tree-{dtype}-{side}"
+                    ),
+                    "tree_timing": t,
+                    "rev_timing": r,
+                }
+                if args.with_hf:
+                    h = results[variant, "HF"]["dtypes"][dtype][str(side)]
+                    rec.update(
+                        hf_seconds=h["median"],
+                        tree_speedup_vs_hf=h["median"] / t["median"],
+                        rev_speedup_vs_hf=h["median"] / r["median"],
+                        hf_timing=h,
+                    )
+                records.append(rec)
+
+    jax_dev = results[variants[0], "tree"]["device"]
+    checkpoints = {
+        v: {"checkpoint": results[v, "REV"]["checkpoint"], "fallback": results[v, "REV"]["checkpoint_fallback"]}
+        for v in variants
+    }
+    print(f"{common.machine_line()}\n")
+    print(
+        f"Forward, ours at the working tree (HEAD {tree['hash'][:12]}"
+        f"{' + uncommitted changes' if tree['dirty'] else ''}) vs ours at REV = {rev['hash']} {rev['subject']!r}.\n"
+        f"Median of {repeats} calls x {args.rounds} round(s) on {jax_dev}, encode through the public names, "
+        "tight_after=1; REV / tree > 1: the working tree is faster."
+    )
+    for v, c in checkpoints.items():
+        if c["fallback"]:
+            print(f"{v}: REV could not read the shared checkpoint ({c['fallback']}); it converted its own.")
+    print()
+    headers = ["variant", "patches", "dtype", "tree", f"REV {short[:7]}", "REV / tree", "per round"]
+    headers += ["first call tree / REV", "rel diff REV vs tree"]
+    if args.with_hf:
+        headers += ["HF", "tree vs HF", "REV vs HF"]
+    rows = []
+    for r in records:
+        rel = r["rel_diff_rev_vs_tree"]
+        row = [
+            r["variant"],
+            r["patches"],
+            r["dtype"],
+            common.fmt_seconds(r["tree_seconds"]),
+            common.fmt_seconds(r["rev_seconds"]),
+            f"{r['ratio_rev_over_tree']:.2f}",
+            " ".join(f"{x:.2f}" for x in r["round_ratios"]),
+            f"{common.fmt_seconds(r['tree_first_s'])} / {common.fmt_seconds(r['rev_first_s'])}",
+            "-" if rel is None else f"{rel:.1e}",
+        ]
+        if args.with_hf:
+            row += [
+                common.fmt_seconds(r["hf_seconds"]),
+                f"{r['tree_speedup_vs_hf']:.2f}x",
+                f"{r['rev_speedup_vs_hf']:.2f}x",
+            ]
+        rows.append(row)
+    print(common.markdown_table(headers, rows))
+    common.write_json(
+        args.out or common.default_out(f"forward-against-{short[:7]}", args.quick),
+        {
+            "bench": "forward-against",
+            "quick": args.quick,
+            "repeats": repeats,
+            "rounds": args.rounds,
+            "against": rev,
+            "working_tree": tree,
+            "worktree": str(rev_tree),
+            "jax_device": jax_dev,
+            "checkpoints": checkpoints,
+            "versions": {k: v for res in results.values() for k, v in res["versions"].items()},
+            "records": records,
+        },
+    )
+
+
 if __name__ == "__main__" and not common.worker_main(
     {
         "hf": hf_worker,
         "ours": ours_worker,
+        "encode": encode_worker,
         "peak": common.matmul_peak,
         "build": common.build_checkpoint,
     }

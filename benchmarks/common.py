@@ -341,3 +341,47 @@ def torch_matmul_peak(shapes=PEAK_SHAPES, repeats: int = 5) -> dict:
                 times = time_calls(torch.mm, repeats, a, b)
             res[name] = 2 * m * k * n / statistics.median(times) / 1e9
     return out
+
+
+# ---- other revisions of the package ----------------------------------------------------------
+def git(*args: str) -> str:
+    """`git ARGS` in this repository: its stdout, stripped (CalledProcessError on failure)."""
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def rev_info(rev: str) -> dict:
+    """{"rev": rev as given, "hash": its full commit hash, "subject": its subject line}."""
+    full, _, subject = git("log", "-1", "--format=%H%n%s", f"{rev}^{{commit}}", "--").partition("\n")
+    return {"rev": rev, "hash": full, "subject": subject}
+
+
+def tree_info() -> dict:
+    """The working tree: HEAD's rev_info and whether the package differs from HEAD (uncommitted
+    or untracked files under qwen_vit_jax/)."""
+    dirty = git("status", "--porcelain", "--", "qwen_vit_jax")
+    return {**rev_info("HEAD"), "dirty": bool(dirty)}
+
+
+def worktree(rev: str) -> pathlib.Path:
+    """A detached git worktree of `rev` under CACHE, made once and reused (`git worktree add
+    --detach -f`, as bench_host.py's): put it first on PYTHONPATH (`rev_env`) and a worker's
+    `import qwen_vit_jax` is that revision's package, with its own __pycache__ (numba's too).
+    Named by the full hash, so a moving name (HEAD~1, a branch) never finds a stale tree."""
+    full = rev_info(rev)["hash"]
+    path = CACHE / f"worktree-{full[:12]}"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        log(f"git worktree {path} at {full}")
+        git("worktree", "add", "--detach", "-f", str(path), full)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=False)
+    if head.stdout.strip() != full or not (path / "qwen_vit_jax" / "__init__.py").is_file():
+        raise RuntimeError(f"{path} is not a worktree of {full}: delete it (and `git worktree prune`)")
+    return path
+
+
+def rev_env(tree: str | os.PathLike, env: dict | None = None) -> dict[str, str]:
+    """`env` (default os.environ) with `tree` first on PYTHONPATH: a worker started with it imports
+    that tree's qwen_vit_jax (the editable install's finder comes after PYTHONPATH)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
+    return env
