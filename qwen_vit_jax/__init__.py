@@ -54,7 +54,8 @@ __all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"
 
 
-_MODULES = {"data": "data"}  # subpackages that are part of the API: qvj.data.load(...)
+# modules that are part of the API: qvj.data.load(...), qvj.ray.Encoder (Ray Data's stages)
+_MODULES = {"data": "data", "ray": "data.ray_data"}
 
 
 def __getattr__(name):

@@ -37,16 +37,18 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[pathlib.Path]:
-    """Yield a temporary sibling of `path` to write; on success it is fsynced and renamed over `path`
-    (an ordinary file: mode 0666 & ~umask), on any failure removed, `path` untouched."""
+def atomic_file(path: str | os.PathLike, durable: bool = True) -> Iterator[pathlib.Path]:
+    """Yield a temporary sibling of `path` to write; on success it is fsynced (unless not `durable`:
+    for files whose readers detect a torn write themselves) and renamed over `path` (an ordinary
+    file: mode 0666 & ~umask), on any failure removed, `path` untouched."""
     path = pathlib.Path(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = pathlib.Path(name)
     try:
         yield tmp
-        fsync(tmp)
+        if durable:
+            fsync(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600
         os.replace(tmp, path)
     except BaseException:

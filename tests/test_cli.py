@@ -24,6 +24,7 @@ from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.data.stream import Progress
 from qwen_vit_jax.tools import cli
+from qwen_vit_jax.tools import encode as encode_cmd
 from qwen_vit_jax.tools.demo import TINY
 
 COMMANDS = ("convert", "export", "encode", "verify", "bench", "demo")
@@ -185,7 +186,7 @@ def test_encode_npz_and_errors(capsys, tiny_dirs, tiny_encoder, image_dir, tmp_p
     rc, _, err = main(capsys, "encode", ckpt, tmp_path / "nope.png", "-o", tmp_path / "x.npz")
     assert_clean_error(rc, err, "input not found", "nope.png")
     rc, _, err = main(capsys, "encode", ckpt, image_dir, "-o", tmp_path / "x.h5")
-    assert_clean_error(rc, err, ".safetensors or .npz")
+    assert_clean_error(rc, err, ".safetensors, .npz or .parquet")
     rc, _, err = main(capsys, "encode", tmp_path / "no_ckpt", image_dir, "-o", tmp_path / "x.npz")
     assert_clean_error(rc, err, "no_ckpt")
     (tmp_path / "empty").mkdir()
@@ -249,7 +250,7 @@ def test_encode_interrupted_saves_progress(capsys, tiny_dirs, tiny_encoder, imag
                 raise KeyboardInterrupt
             return tiny_encoder.encode(pixel_values, grid_thw)
 
-    monkeypatch.setattr(cli, "_load_encoder", lambda checkpoint, dtype, compile_cache: Interrupted())
+    monkeypatch.setattr(encode_cmd, "load_encoder", lambda checkpoint, dtype, compile_cache: Interrupted())
     out = tmp_path / "emb.npz"
     # one image per call: a.png is 24 patches, the others more
     rc, _, err = main(capsys, "encode", tiny_dirs[1], image_dir, "-o", out, "--batch-patches", "24")

@@ -134,7 +134,7 @@ def test_sharded_set(tmp_path, suffix):
     index.unlink()
     with pytest.raises(FileNotFoundError, match="nor a sharded set"):
         qvj.read_embeddings(out)
-    with pytest.raises(embeddings.EmbeddingsError, match=".safetensors or .npz"):
+    with pytest.raises(embeddings.EmbeddingsError, match=".safetensors, .npz or .parquet"):
         qvj.read_embeddings(tmp_path / "emb.h5")
 
 

@@ -3,12 +3,21 @@ that prepares the inputs (`qvj.data.load`). Read in this order:
 
   inputs.py        finding image and video files, decoding images (EXIF applied, as HF's
                    load_image), patch counts from headers.
+  sources.py       datasets as records: files, folders, webdataset shards, parquet files, HF
+                   datasets, globs; reading a record's bytes in a worker.
   pipeline.py      the Grain pipeline: read -> decode -> resize -> uint8 patches in worker
-                   processes, in input order (`load`, `Loader`, `Item`).
+                   processes, in input order (`load`, `Loader`, `Item`), each item's sha256.
   stream.py        a progress bar; counts in words.
-  encode_files.py  the encode loop: items packed into calls, periodic saves, --resume, --keep-going,
-                   Ctrl-C and dead workers.
-  embeddings.py    the embeddings file (safetensors / npz) and its sharded form (one per process).
+  embeddings.py    the embeddings file (safetensors / npz / parquet) and its sharded form (one per
+                   process).
+  parquet.py       the parquet form: its schema, written in parts as it goes, merged atomically.
+  sinks.py         where the encode loop's rows go (held in memory, or parquet parts) and what a
+                   file being resumed holds.
+  cache.py         the content-hash cache (--cache DIR): entries keyed by checkpoint, dtype,
+                   preprocessing and the bytes' sha256, checksummed.
+  encode_files.py  the encode loop: items packed into calls, identical inputs encoded once, periodic
+                   saves, --resume, --keep-going, Ctrl-C and dead workers.
+  ray_data.py      Ray Data's stages (`qvj.ray.preprocess`, `qvj.ray.Encoder`).
 
 Names load on first use: importing this package costs nothing; `qvj.data.load` imports Grain.
 """

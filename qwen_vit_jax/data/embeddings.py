@@ -25,11 +25,11 @@ import numpy as np
 
 FORMAT, VERSION = "qwen_vit_jax.embeddings", 1
 INDEX_FORMAT = "qwen_vit_jax.embeddings.index"
-SUFFIXES = (".safetensors", ".npz")
+SUFFIXES = (".safetensors", ".npz", ".parquet")
 
 LAYOUT = """\
-output layout (.safetensors or .npz, chosen by OUT's extension), k inputs (images and videos),
-T tokens in all:
+output layout (.safetensors, .npz or .parquet, chosen by OUT's extension), k inputs (images and
+videos), T tokens in all; .safetensors and .npz:
   embeddings  float32 [T, D]   every input's merged tokens, inputs concatenated in input order
   grid_thw    int64   [k, 3]   (t, h, w) patch grid of each input (t = 1 for an image)
   offsets     int64   [k + 1]  input i is embeddings[offsets[i]:offsets[i+1]]
@@ -37,16 +37,25 @@ T tokens in all:
   timestamps  float64 [sum t]  seconds of each temporal patch, inputs concatenated (input i's t
                                values follow the t values of the inputs before it); NaN for images
                                and for videos whose model reads no time (Qwen2-VL)
-  names       the source path of each input, as given on the command line (a folder joined
-              with the file name): .npz an array `names` [k] of str; .safetensors the JSON
-              list in the header metadata under "names"
+  names       the key of each input: a file's path as given on the command line (a folder
+              joined with the file name), a webdataset sample's __key__, a row's key: .npz an
+              array `names` [k] of str; .safetensors the JSON list in the header metadata under
+              "names"
   metadata    format, version, checkpoint, dtype, image and video preprocessing settings
-              (video: the frame sampling too): .npz a JSON string `metadata`; .safetensors the
-              header metadata
+              (video: the frame sampling too), and "sha256": each input's content hash (the
+              sha256 of its file's bytes; of its pixels for an in-memory image): .npz a JSON
+              string `metadata`; .safetensors the header metadata
+.parquet: a row per input, readable by pyarrow, pandas or datasets alone:
+  key         string                             the input's key (as names above)
+  grid_thw    fixed_size_list<int64, 3>          (t, h, w) patch grid
+  embedding   list<fixed_size_list<float32, D>>  its merged tokens (bfloat16 runs: stored as float32)
+  timestamps  list<float64>                      seconds of each temporal patch; null for images
+  sha256      string                             the input's content hash (as in metadata above)
+  the schema metadata's "qwen_vit_jax" key holds the metadata above as JSON
 With several processes, process I of N writes OUT-stem-0000I-of-0000N.suffix in this layout and
 process 0 then writes OUT.index.json listing the shards.
-Read it back with numpy (np.load(OUT)) or safetensors, or qwen_vit_jax.read_embeddings(OUT)
-(a single file or the sharded set, in input order).
+Read it back with numpy (np.load(OUT)), safetensors or pyarrow (pyarrow.parquet.read_table(OUT)),
+or qwen_vit_jax.read_embeddings(OUT) (a single file or the sharded set, in input order).
 """
 
 
@@ -95,8 +104,12 @@ class Embeddings:
 
     @classmethod
     def concatenate(cls, parts: list[Embeddings], metadata: dict) -> Embeddings:
-        """`parts` one after another (offsets rebuilt), with `metadata`."""
+        """`parts` one after another (offsets rebuilt), with `metadata` (and the parts' sha256
+        lists joined, when every part has one)."""
         lengths = np.concatenate([np.diff(p.offsets) for p in parts])  # [k] tokens per image
+        metadata = {k: v for k, v in metadata.items() if k != "sha256"}
+        if all("sha256" in p.metadata for p in parts):
+            metadata["sha256"] = [d for p in parts for d in p.metadata["sha256"]]
         return cls(
             np.concatenate([p.embeddings for p in parts]),
             np.concatenate([p.grid_thw for p in parts]),
@@ -108,10 +121,12 @@ class Embeddings:
 
 
 def check_suffix(path: str | os.PathLike) -> str:
-    """The suffix of an embeddings path (.safetensors or .npz), else EmbeddingsError."""
+    """The suffix of an embeddings path (.safetensors, .npz or .parquet), else EmbeddingsError."""
     s = pathlib.Path(path).suffix.lower()
     if s not in SUFFIXES:
-        raise EmbeddingsError(f"{path}: the output must end in .safetensors or .npz, got {s or 'no extension'!r}")
+        raise EmbeddingsError(
+            f"{path}: the output must end in .safetensors, .npz or .parquet, got {s or 'no extension'!r}"
+        )
     return s
 
 
@@ -174,7 +189,12 @@ def _read_file(path: pathlib.Path) -> Embeddings:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     try:
-        if check_suffix(path) == ".npz":
+        if check_suffix(path) == ".parquet":
+            from qwen_vit_jax.data import parquet
+
+            names, grid, emb, offsets, stamps, meta = parquet.read_arrays(path)
+            arrays = {"embeddings": emb, "grid_thw": grid, "offsets": offsets, "timestamps": stamps}
+        elif check_suffix(path) == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             meta = json.loads(str(arrays.pop("metadata")))
@@ -185,13 +205,18 @@ def _read_file(path: pathlib.Path) -> Embeddings:
             meta = dict(f.metadata)
             names = json.loads(meta.pop("names"))
             meta["version"], meta["preprocess"] = int(meta["version"]), json.loads(meta["preprocess"])
-            if "video_preprocess" in meta:
-                meta["video_preprocess"] = json.loads(meta["video_preprocess"])
+            for key in ("video_preprocess", "sha256"):
+                if key in meta:
+                    meta[key] = json.loads(meta[key])
         e = Embeddings(
             arrays["embeddings"], arrays["grid_thw"], arrays["offsets"], names, meta, arrays.get("timestamps")
         )
-    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile) as err:
+    except (KeyError, ValueError, TypeError, OSError, zipfile.BadZipFile, ImportError) as err:
         raise EmbeddingsError(f"{path}: not an embeddings file written by `qwen-vit-jax encode` ({err!r})") from None
+    except Exception as err:  # noqa: BLE001 (pyarrow's own error types: a file that is not parquet)
+        if type(err).__module__.startswith("pyarrow"):
+            raise EmbeddingsError(f"{path}: not a parquet embeddings file ({err})") from None
+        raise
     k = len(e.names)
     ok = (
         meta.get("format") == FORMAT
@@ -226,7 +251,19 @@ def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
     }
 
     def write(tmp: str, fd: int) -> None:
-        if suffix == ".npz":
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            from qwen_vit_jax.data.parquet import rows_table
+
+            os.close(fd)
+            t = np.concatenate([[0], np.cumsum(e.grid_thw[:, 0])]).astype(int)
+            stamps = [e.timestamps[t[i] : t[i + 1]] for i in range(len(e))]
+            meta = {k: v for k, v in e.metadata.items() if k != "sha256"}  # a column in parquet
+            embs = [e[i] for i in range(len(e))]
+            table = rows_table(e.names, e.grid_thw, embs, stamps, e.embeddings.shape[1], meta, e.metadata.get("sha256"))
+            pq.write_table(table, tmp)
+        elif suffix == ".npz":
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **arrays, names=np.array(e.names, dtype=str), metadata=np.array(json.dumps(e.metadata)))
                 f.flush()
@@ -275,6 +312,10 @@ def read_names(path: str | os.PathLike) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     try:
+        if check_suffix(path) == ".parquet":
+            from qwen_vit_jax.data.parquet import read_keys
+
+            return read_keys(path)
         if check_suffix(path) == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 return [str(n) for n in z["names"]]
@@ -296,6 +337,14 @@ def _counts(path: pathlib.Path) -> tuple[int, int]:
             f"shard not found: {path} (on several hosts, OUT must be on a file system all of them share)"
         )
     try:
+        if check_suffix(path) == ".parquet":
+            import pyarrow.parquet as pq
+
+            from qwen_vit_jax.data.parquet import read_metadata
+
+            grid = pq.read_table(path, columns=["grid_thw"]).column(0).combine_chunks().flatten()
+            merge = read_metadata(path)["preprocess"]["merge_size"]  # tokens from the grids: no embedding read
+            return len(grid) // 3, int(np.prod(np.asarray(grid, np.int64).reshape(-1, 3), axis=1).sum()) // merge**2
         if check_suffix(path) == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 offsets = z["offsets"]

@@ -1,10 +1,15 @@
 """The loop of `qwen-vit-jax encode`: inputs prepared by the worker pipeline (pipeline.py) in input
-order, packed into calls by patch budget, encoded, and written to an embeddings file with progress,
-periodic saves, --resume and --keep-going. cli.py parses the arguments and calls `encode_files`.
+order, packed into calls by patch budget, encoded, and written to an embeddings file (sinks.py) with
+progress, periodic saves, --resume and --keep-going. cli.py parses the arguments and calls
+`encode_files`.
 
-Nothing here is half-written: OUT is only ever replaced whole (embeddings.write_embeddings writes a
-temporary sibling and renames it), with the inputs finished so far, whether the run ends, is
-interrupted (Ctrl-C, SIGTERM) or loses a worker process.
+Content-hash dedupe: every item carries the sha256 of its bytes. An input whose bytes this run has
+met before is not encoded: its row copies the first one's (the same bytes, preprocessing, checkpoint
+and dtype give the same embedding). With a cache (cache.py) an input some earlier run encoded is read
+back, and every input this run encodes is added to it.
+
+Nothing here is half-written: OUT is only ever replaced whole, with the inputs finished so far,
+whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process.
 """
 
 from __future__ import annotations
@@ -16,106 +21,144 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from qwen_vit_jax.data.embeddings import Embeddings, read_embeddings, write_embeddings
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, WorkerError, load
+from qwen_vit_jax.data.sinks import open_sink
 from qwen_vit_jax.data.stream import Progress, count
 from qwen_vit_jax.plan.contract import Patches
 from qwen_vit_jax.preprocess.config import PreprocessConfig
-from qwen_vit_jax.runtime.batching import pack
 
-SAVE_EVERY_S = 600.0  # OUT is rewritten with the inputs done so far at most this often
-RESUME_KEYS = ("checkpoint", "dtype", "preprocess", "video_preprocess")  # must match to add to a file
+SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs at most this)
 
 
-# ---- resume --------------------------------------------------------------------------------------
-def resume_from(target, meta: dict) -> Embeddings:
-    """The embeddings already in `target`, checked to come from the same checkpoint and settings."""
-    old = read_embeddings(target)
-    for key in RESUME_KEYS:
-        if key == "video_preprocess" and key not in old.metadata:
-            continue  # written before videos were supported: it holds images only
-        if old.metadata.get(key) != meta[key]:
-            raise EncodeError(
-                f"--resume: {target} was written with {key} {old.metadata.get(key)!r}, this run uses "
-                f"{meta[key]!r}; mixing them in one file would be silently wrong"
-            )
-    return old
-
-
-# ---- the loop ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Result:
-    names: list[str]  # the inputs encoded by this run, in order
+    names: list[str]  # the inputs this run added, in order
     tokens: int
-    failed: list[tuple[str, str]]  # (path, reason) of the inputs skipped (--keep-going)
+    failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (--keep-going)
     seconds: float
     seconds_waiting: float  # of those, spent waiting for the workers (the device idle)
+    encoded: int = 0  # inputs the tower ran on
+    reused: int = 0  # inputs whose bytes appeared earlier in this run
+    cached: int = 0  # inputs read from the cache
 
 
-def batches(items: Iterator[Item], budget: int, failed: list, keep_going: bool) -> Iterator[list[Item]]:
-    """Consecutive readable items in lists of at most `budget` patches (an item larger than the budget
-    alone) whose pixels share one table. An unreadable item is recorded in `failed` as (name, reason)
-    and skipped with `keep_going`, else ends the items there (the ones before it are still yielded)."""
+def readable(items: Iterator[Item], failed: list, keep_going: bool) -> Iterator[Item]:
+    """The readable items. An unreadable one is recorded in `failed` as (name, reason) and skipped
+    with `keep_going`, else ends the items there."""
+    for item in items:
+        if item.error is None:
+            yield item
+            continue
+        failed.append((item.name, item.error))
+        if not keep_going:
+            return
 
-    def readable() -> Iterator[Item]:
-        for item in items:
-            if item.error is None:
-                yield item
-                continue
-            failed.append((item.name, item.error))
-            if not keep_going:
-                return
 
-    return pack(readable(), budget, lambda item: len(item.patches), key=lambda item: item.patches.table.tobytes())
+class _Rows:
+    """Items in input order until their rows are known: encoded in the next call, copied from an
+    earlier input with the same bytes (of this run, or a row of the file being resumed), or read
+    from the cache. `batch` holds the items to encode.
+
+    Calls end only when the next item would not fit (the patch budget, another pixel table) or the
+    inputs end, never at a save: a run resumed after an interrupt packs the rest as a clean run
+    does, and every row gets the bits it would have had."""
+
+    def __init__(self, enc, sink, cache, budget: int):
+        self.enc, self.sink, self.cache, self.budget = enc, sink, cache, budget
+        self.pending: list[tuple[Item, str, object]] = []  # (item, how, what): see add
+        self.batch: list[Item] = []
+        # sha256 -> ("copy", the Item of this run being encoded) | ("row", its row in the sink)
+        self.first: dict[str, tuple[str, object]] = {d: ("row", ref) for d, ref in sink.seen.items()}
+        self.names: list[str] = []
+        self.tokens = self.encoded = self.reused = self.cached = 0
+
+    def add(self, item: Item) -> None:
+        src = self.first.get(item.digest) if item.digest else None
+        if src is not None:
+            self.reused += 1
+            self.pending.append((item, *src))
+        elif self.cache is not None and item.digest and (row := self.cache.get(item.digest)) is not None:
+            self.cached += 1
+            self.pending.append((item, "cached", row))
+        else:
+            if self.batch and (
+                sum(len(i.patches) for i in self.batch) + len(item.patches) > self.budget
+                or not np.array_equal(item.patches.table, self.batch[0].patches.table)
+            ):
+                self.flush()
+            self.batch.append(item)
+            self.pending.append((item, "encode", None))
+            if item.digest:
+                self.first[item.digest] = ("copy", item)
+        if not self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        """Encode the batch, then write every pending row in order."""
+        done: dict[int, tuple] = {}
+        if self.batch:
+            grid = np.concatenate([i.grid for i in self.batch])  # [k, 3]
+            emb = self.enc.encode(Patches.concatenate([i.patches for i in self.batch]), grid)
+            cuts = np.cumsum([len(i.patches) // self.enc.cfg.merge_unit for i in self.batch])[:-1]
+            for item, e in zip(self.batch, np.split(emb, cuts)):
+                done[id(item)] = (item.grid[0], e, item.timestamps)
+            self.encoded += len(self.batch)
+        for item, how, what in self.pending:
+            if how == "encode":
+                row = done[id(item)]
+                if self.cache is not None and item.digest:
+                    self.cache.put(item.digest, *row)
+            elif how == "cached":
+                row = what
+            else:  # a copy: of an item of this call ("copy"), or of a row already written ("row")
+                grid, emb, _ = done[id(what)] if how == "copy" else self.sink.fetch(what)
+                row = (grid, emb, item.timestamps)
+            ref = self.sink.add(item.name, row, item.digest)
+            if how == "encode" and item.digest:
+                self.first[item.digest] = ("row", ref)
+            self.names.append(item.name)
+            self.tokens += len(row[1])
+        self.pending, self.batch = [], []
 
 
 def encode_files(
     enc,
-    inputs: list[str],
+    inputs: list,
     target,
     meta: dict,
-    old: Embeddings | None,
     *,
     video_cfg: PreprocessConfig,
     image_cfg: PreprocessConfig,
     batch_patches: int,
     keep_going: bool,
+    resume: bool = False,
     save_empty: bool = False,
     workers: int = 0,
     fast_decode: bool = False,
+    cache=None,
+    sink=None,
 ) -> Result:
-    """Encode `inputs` (consecutive inputs packed into calls of at most `batch_patches` patches) and
-    write `old` + them to `target`.
+    """Encode `inputs` (paths or sources.Records; consecutive inputs packed into calls of at most
+    `batch_patches` patches) and write them after what `target` holds when resuming.
 
     Saves every SAVE_EVERY_S, on Ctrl-C / SIGTERM (then KeyboardInterrupt, saying what was written),
     when a worker process dies and before reporting an unreadable input (without keep_going): an
     EncodeError then says how to continue. With keep_going unreadable inputs are skipped with a
     warning each. When nothing could be encoded, nothing is written unless `save_empty` (a process
-    of a sharded run writes its shard all the same: the set must be complete).
+    of a sharded run writes its shard all the same: the set must be complete). `sink` (from
+    sinks.open_sink) when the caller opened it to list what is done.
 
     Returns:
-      Result: names encoded, their token count, the skipped inputs, wall seconds, seconds waited.
+      Result: keys added, their token count, the skipped inputs, wall seconds, seconds waited, and
+      how many inputs were encoded, copied from an identical one, or read from the cache.
     """
     failed: list[tuple[str, str]] = []
-    names: list[str] = []
-    grids: list[np.ndarray] = []  # [1, 3] each
-    embs: list[np.ndarray] = []  # [tokens, D] each
-    stamps: list[np.ndarray] = []  # [t] each
-
-    def save() -> None:
-        new = Embeddings(
-            np.concatenate([np.zeros((0, enc.cfg.out_dim), np.float32), *embs]),
-            np.concatenate([np.zeros((0, 3), np.int64), *grids]),
-            np.concatenate([[0], np.cumsum([len(e) for e in embs])]).astype(np.int64),
-            names,
-            meta,
-            np.concatenate([np.zeros(0), *stamps]),
-        )
-        write_embeddings(target, new if old is None else Embeddings.concatenate([old, new], meta))
+    sink = sink if sink is not None else open_sink(target, meta, enc.cfg.out_dim, resume)
+    rows = _Rows(enc, sink, cache, batch_patches)
 
     def written() -> str:
-        return f"{count(len(names), 'new input')} written to {target}; the same command with --resume continues"
+        return f"{count(len(rows.names), 'new input')} written to {target}; the same command with --resume continues"
 
     t0 = last_save = time.perf_counter()
     progress = Progress(len(inputs), unit="inputs")
@@ -128,55 +171,61 @@ def encode_files(
         fast_decode=fast_decode,
     )
     every_frame = not (video_cfg.do_sample_frames and (video_cfg.fps or video_cfg.num_frames))
+    seen = 0
     try:
-        for batch in batches(iter(loader), batch_patches, failed, keep_going):
-            for item in batch:
-                if item.is_video and every_frame:  # HF's Qwen2-VL processor does the same; long clips cost a lot
-                    print(
-                        "note: videos use every frame (the checkpoint's video config samples none, as HF's "
-                        "Qwen2VLVideoProcessor); --fps 2 is what Qwen's own tools use",
-                        file=sys.stderr,
-                    )
-                    every_frame = False
-                if item.note:
-                    print(f"{item.note}, prepared in {item.seconds:.1f} s", file=sys.stderr, flush=True)
-            grid = np.concatenate([item.grid for item in batch])  # [k, 3]
-            emb = enc.encode(Patches.concatenate([item.patches for item in batch]), grid)
-            embs += np.split(emb, np.cumsum([len(item.patches) // enc.cfg.merge_unit for item in batch])[:-1])
-            grids += [g[None] for g in grid]
-            names += [item.name for item in batch]
-            stamps += [item.timestamps for item in batch]
-            progress.update_to(len(names) + len(failed))  # failures are counted as processed
+        for item in readable(iter(loader), failed, keep_going):
+            if item.is_video and every_frame:  # HF's Qwen2-VL processor does the same; long clips cost a lot
+                print(
+                    "note: videos use every frame (the checkpoint's video config samples none, as HF's "
+                    "Qwen2VLVideoProcessor); --fps 2 is what Qwen's own tools use",
+                    file=sys.stderr,
+                )
+                every_frame = False
+            if item.note:
+                print(f"{item.note}, prepared in {item.seconds:.1f} s", file=sys.stderr, flush=True)
+            rows.add(item)
+            seen += 1
+            progress.update_to(seen + len(failed) - len(rows.pending))  # failures count as processed
             if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
-                save()
+                sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
-        progress.update_to(len(names) + len(failed))
+        rows.flush()
+        progress.update_to(seen + len(failed))
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
-        if names:
-            save()
+        if rows.names:
+            sink.finish()
             raise KeyboardInterrupt(written()) from None
+        sink.abandon()
         raise KeyboardInterrupt("nothing written") from None
     except WorkerError as e:
         loader.close()
-        if names:
-            save()
-        raise EncodeError(f"{e}; " + (written() if names else "nothing written")) from None
+        if rows.names:
+            sink.finish()
+        else:
+            sink.abandon()
+        raise EncodeError(f"{e}; " + (written() if rows.names else "nothing written")) from None
     finally:
         loader.close()
         progress.close()
     seconds = time.perf_counter() - t0
+    result = Result(
+        rows.names, rows.tokens, failed, seconds, loader.seconds_waiting, rows.encoded, rows.reused, rows.cached
+    )
     if failed and not keep_going:  # the inputs before it are encoded: keep them
         (path, reason), held = failed[0], ""
-        if names:
-            save()
-            held = f"; the {count(len(names), 'input')} before it written to {target}, --resume continues"
+        if rows.names:
+            sink.finish()
+            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, --resume continues"
+        else:
+            sink.abandon()
         raise EncodeError(
             f"cannot read {path}: {reason}{held or '; nothing written'} (--keep-going skips unreadable inputs)"
         )
     for path, reason in failed:
         print(f"warning: skipped {path}: {reason}", file=sys.stderr)
-    if not names and inputs and not save_empty:
+    if not rows.names and inputs and not save_empty:
+        sink.abandon()
         raise EncodeError(f"none of the {len(inputs)} inputs could be read; nothing written")
-    save()
-    return Result(names, sum(len(e) for e in embs), failed, seconds, loader.seconds_waiting)
+    sink.finish()
+    return result

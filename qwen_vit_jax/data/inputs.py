@@ -28,20 +28,21 @@ class EncodeError(ValueError):
 
 
 # ---- finding inputs ------------------------------------------------------------------------------
-def find_inputs(inputs: Iterable[str], recursive: bool = False) -> list[str]:
-    """Files as given, folders expanded to their image and video files (sorted by name, hidden files
-    and other suffixes skipped; sub-folders only with `recursive`). Duplicates are dropped."""
+def find_inputs(inputs: Iterable[str], recursive: bool = False, extra_suffixes: Iterable[str] = ()) -> list[str]:
+    """Files as given, folders expanded to their image and video files (and files with
+    `extra_suffixes`; sorted by name, hidden files and other suffixes skipped; sub-folders only with
+    `recursive`). Duplicates are dropped."""
     found: list[str] = []
+    extra = frozenset(extra_suffixes)
     for item in inputs:
         if os.path.isdir(item):
             if recursive:
                 for root, dirs, files in os.walk(item):
                     dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                    found += [os.path.join(root, f) for f in sorted(files) if _is_input_name(f)]
+                    found += [os.path.join(root, f) for f in sorted(files) if _is_input_name(f, extra)]
             else:
-                found += sorted(
-                    os.path.join(item, e.name) for e in os.scandir(item) if e.is_file() and _is_input_name(e.name)
-                )
+                names = (e.name for e in os.scandir(item) if e.is_file() and _is_input_name(e.name, extra))
+                found += sorted(os.path.join(item, n) for n in names)
         elif os.path.isfile(item):
             found.append(item)
         else:
@@ -49,9 +50,9 @@ def find_inputs(inputs: Iterable[str], recursive: bool = False) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(p) for p in found))
 
 
-def _is_input_name(name: str) -> bool:
+def _is_input_name(name: str, extra: frozenset = frozenset()) -> bool:
     suffix = os.path.splitext(name)[1].lower()
-    return not name.startswith(".") and (suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES)
+    return not name.startswith(".") and (suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES or suffix in extra)
 
 
 def is_video(path: str) -> bool:
@@ -77,28 +78,40 @@ def is_video(path: str) -> bool:
 
 
 # ---- decoding ------------------------------------------------------------------------------------
-def load_image(path: str, *, draft_to: tuple[int, int] | None = None):
-    """Decode an image file fully, EXIF orientation applied (as HF's `load_image` does): a PIL image,
-    or for an RGB JPEG that simplejpeg decodes, its uint8 [H, W, 3] array (the same pixels).
-    Colour conversion (palette, grey, alpha onto white) is left to preprocessing.
+def load_image(source, *, draft_to: tuple[int, int] | None = None):
+    """Decode an image (a file's path, or its bytes) fully, EXIF orientation applied (as HF's
+    `load_image` does): a PIL image, or for an RGB JPEG that simplejpeg decodes, its uint8
+    [H, W, 3] array (the same pixels). Colour conversion (palette, grey, alpha onto white) is left
+    to preprocessing.
 
     draft_to: (height, width) the image will be resized to (after orientation): a JPEG is then
     decoded by Pillow at the smallest DCT scale (1/2, 1/4, 1/8) that still covers it (`fast_decode`).
     """
     from PIL import Image, ImageOps
 
-    with Image.open(path) as im:
+    with Image.open(_file(source)) as im:
         orientation = im.getexif().get(0x0112, 1)
         if im.format == "JPEG" and draft_to is not None:
             h, w = draft_to[::-1] if orientation in _SWAPS_SIDES else draft_to
             im.draft("RGB", (w, h))  # DCT-domain scaling while decoding: not HF's pixels
         elif im.format == "JPEG" and im.mode == "RGB" and _simplejpeg() is not None:
-            im.fp.seek(0)
-            a = _decode_jpeg(im.fp.read())
+            if isinstance(source, (bytes, bytearray, memoryview)):
+                data = source
+            else:
+                im.fp.seek(0)
+                data = im.fp.read()
+            a = _decode_jpeg(data)
             if a is not None and a.shape[:2] == im.size[::-1]:
                 return _oriented(a, orientation)
         im.load()
         return ImageOps.exif_transpose(im)
+
+
+def _file(source):
+    """What PIL opens: a path as it is, bytes as a file."""
+    import io
+
+    return io.BytesIO(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
 
 
 @functools.cache
@@ -132,7 +145,7 @@ def _oriented(a, orientation: int):
     return np.ascontiguousarray(t[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1])
 
 
-def draft_size(path: str, cfg, variant: str) -> tuple[int, int] | None:
+def draft_size(path, cfg, variant: str) -> tuple[int, int] | None:
     """The size `fast_decode` may decode a JPEG at: its resize target under `cfg` (a PreprocessConfig)
     when that is at most half the image on both sides (else None: no DCT scale would apply)."""
     from qwen_vit_jax.preprocess.images import target_size
@@ -145,13 +158,13 @@ def draft_size(path: str, cfg, variant: str) -> tuple[int, int] | None:
     return (th, tw) if 2 * th <= h and 2 * tw <= w else None
 
 
-def header_size(path: str) -> tuple[int, int] | None:
-    """(height, width) of an image file after its EXIF orientation, from the header (no decoding);
-    None for a file PIL cannot open."""
+def header_size(path) -> tuple[int, int] | None:
+    """(height, width) of an image file (a path, or its bytes) after its EXIF orientation, from the
+    header (no decoding); None for a file PIL cannot open."""
     from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with Image.open(_file(path)) as im:
             w, h = im.size
             if im.getexif().get(0x0112) in _SWAPS_SIDES:
                 w, h = h, w

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import signal
 import threading
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qwen_vit_jax.data.inputs import draft_size, is_video, load_image
+from qwen_vit_jax.data.sources import Record, RecordReader
 from qwen_vit_jax.preprocess.config import PreprocessConfig, image_config_for, video_config_for
 from qwen_vit_jax.preprocess.images import image_patches, pixel_table
 
@@ -69,17 +71,24 @@ class Item:
     note: str | None = None
     seconds: float = 0.0
     is_video: bool = False
+    digest: str | None = None  # sha256 of the input's bytes (of an in-memory image: its pixels)
 
 
 class Prepare:
     """The per-input pipeline a worker runs: (name, source) -> a dict (what Grain sends back: its one
     array, the patch rows, through shared memory, the rest as numbers and strings; `Loader` turns it
     into an `Item`).
-    A source is a file path or a decoded image (a PIL image or an HxWx3 uint8 array). Picklable: it
-    is sent to the workers."""
+    A source is a file path, a `sources.Record` (a tar member, a parquet or arrow row: read here, in
+    the worker) or a decoded image (a PIL image or an HxWx3 uint8 array). Every input's `digest`,
+    the sha256 of its bytes (an in-memory image: of its pixels), keys the content-hash cache.
+    Picklable: it is sent to the workers (each opens its own dataset files)."""
 
     def __init__(self, config: PreprocessConfig, video_config: PreprocessConfig, variant: str, fast_decode: bool):
         self.config, self.video_config, self.variant, self.fast_decode = config, video_config, variant, fast_decode
+        self._reader = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reader": None}  # open files stay in their process
 
     def __call__(self, element: tuple[str, object]) -> dict:
         name, source = element
@@ -87,32 +96,85 @@ class Prepare:
         try:
             out = self._prepare(name, source)
         except Exception as e:  # noqa: BLE001 (any decoder / preprocessing failure: named in its place)
-            out = {"error": f"{type(e).__name__}: {e}"}
+            shard = f"in {source.path}: " if isinstance(source, Record) and source.kind != "file" else ""
+            out = {"error": f"{shard}{type(e).__name__}: {e}"}
         return {"name": name, "seconds": time.perf_counter() - t0, **out}
 
     def _prepare(self, name: str, source) -> dict:
-        if isinstance(source, (str, os.PathLike)) and is_video(os.fspath(source)):
-            from qwen_vit_jax.preprocess.video import preprocess_video
+        if isinstance(source, Record):
+            video = source.is_video
+            if self._reader is None:
+                self._reader = RecordReader()
+            source = self._reader.read(source)  # bytes, or a file's path
+            if isinstance(source, str) and not video:
+                video = is_video(source)
+        else:
+            video = isinstance(source, (str, os.PathLike)) and is_video(os.fspath(source))
+        if video:
+            return self._video(name, source)
+        if isinstance(source, (str, os.PathLike)):  # read once: hashed, then decoded from memory
+            with open(source, "rb") as f:
+                source = f.read()
+        if isinstance(source, bytes):
+            digest = hashlib.sha256(source).hexdigest()
+            draft = draft_size(source, self.config, self.variant) if self.fast_decode else None
+            source = load_image(source, draft_to=draft)
+        else:
+            digest = _pixels_digest(source)
+        rows, grid = image_patches(source, self.config, self.variant, name)
+        return {"data": rows, "grid": list(grid), "timestamps": [float("nan")], "digest": digest}
 
-            cfg = self.video_config
-            patches, grid, ts = preprocess_video(os.fspath(source), config=cfg, uint8=True)
-            t, h, w = grid[0].tolist()
-            times = "no timestamps" if ts is None else f"{ts[0]:.2f}..{ts[-1]:.2f} s"
-            note = f"video {name}: {t} x {h}x{w} patches ({len(patches) // cfg.merge_size**2:,} tokens), {times}"
-            stamps = np.full(t, np.nan) if ts is None else np.asarray(ts, np.float64)
-            return {
-                "data": patches.data,
-                "grid": [t, h, w],
-                "timestamps": stamps.tolist(),
-                "note": note,
-                "video": True,
-            }
-        cfg = self.config
-        if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            source = load_image(path, draft_to=draft_size(path, cfg, self.variant) if self.fast_decode else None)
-        rows, grid = image_patches(source, cfg, self.variant, name)
-        return {"data": rows, "grid": list(grid), "timestamps": [float("nan")]}
+    def _video(self, name: str, source) -> dict:
+        from qwen_vit_jax.preprocess.video import preprocess_video
+
+        cfg = self.video_config
+        with _as_file(source) as path:
+            digest = _file_digest(path)
+            patches, grid, ts = preprocess_video(path, config=cfg, uint8=True)
+        t, h, w = grid[0].tolist()
+        times = "no timestamps" if ts is None else f"{ts[0]:.2f}..{ts[-1]:.2f} s"
+        note = f"video {name}: {t} x {h}x{w} patches ({len(patches) // cfg.merge_size**2:,} tokens), {times}"
+        stamps = np.full(t, np.nan) if ts is None else np.asarray(ts, np.float64)
+        return {
+            "data": patches.data,
+            "grid": [t, h, w],
+            "timestamps": stamps.tolist(),
+            "note": note,
+            "video": True,
+            "digest": digest,
+        }
+
+
+@contextlib.contextmanager
+def _as_file(source):
+    """A video's path: a file as it is, bytes (a tar member) in a temporary file for PyAV."""
+    if not isinstance(source, bytes):
+        yield os.fspath(source)
+        return
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".video") as f:
+        f.write(source)
+        f.flush()
+        yield f.name
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pixels_digest(image) -> str:
+    """An in-memory image's digest: its mode or dtype, shape and pixels."""
+    if hasattr(image, "tobytes") and hasattr(image, "mode"):  # PIL
+        head, data = f"PIL {image.mode} {image.size}", image.tobytes()
+    else:
+        a = np.ascontiguousarray(image)
+        head, data = f"array {a.dtype} {a.shape}", a.tobytes()
+    return hashlib.sha256(head.encode() + b"\0" + data).hexdigest()
 
 
 class Loader:
@@ -201,6 +263,7 @@ class Loader:
             note=d.get("note"),
             seconds=d["seconds"],
             is_video=video,
+            digest=d.get("digest"),
         )
 
     def close(self) -> None:
@@ -228,7 +291,8 @@ def load(
     buffer: int = 2,
 ) -> Loader:
     """The Grain pipeline over `inputs`: file paths (images or videos, told apart as the CLI does),
-    decoded images (PIL images, HxWx3 uint8 arrays) or (name, image) pairs.
+    dataset records (`sources.expand`: webdataset shards, parquet and HF datasets' rows), decoded
+    images (PIL images, HxWx3 uint8 arrays) or (name, image) pairs.
 
     Args:
       config, video_config: image and video preprocessing (default: HF's for `variant`); pass an
@@ -324,7 +388,9 @@ def default_workers() -> int:
 
 
 def _element(i: int, x) -> tuple[str, object]:
-    """(name, source) of input i: a path is its own name, an image "image i"."""
+    """(name, source) of input i: a record its key, a path its own name, an image "image i"."""
+    if isinstance(x, Record):
+        return x.key, x
     if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
         return x
     if isinstance(x, (str, os.PathLike)):

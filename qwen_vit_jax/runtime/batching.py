@@ -13,23 +13,20 @@ import numpy as np
 T = TypeVar("T")
 
 
-def pack(
-    items: Iterable[T], budget: int, size: Callable[[T], int], key: Callable[[T], object] | None = None
-) -> Iterator[list[T]]:
+def pack(items: Iterable[T], budget: int, size: Callable[[T], int]) -> Iterator[list[T]]:
     """Consecutive items in lists whose sizes sum to at most `budget` (an item larger than the
-    budget alone), in order; with `key`, a list also ends where key(item) changes. Lazy: an item is
-    read only when the list before it is full."""
+    budget alone), in order. Lazy: an item is read only when the list before it is full."""
     if budget <= 0:
         raise ValueError(f"the patch budget must be positive, got {budget}")
     batch: list[T] = []
-    total, last = 0, None
+    total = 0
     for item in items:
-        n, k = size(item), None if key is None else key(item)
-        if batch and (total + n > budget or k != last):
+        n = size(item)
+        if batch and total + n > budget:
             yield batch
             batch, total = [], 0
         batch.append(item)
-        total, last = total + n, k
+        total += n
     if batch:
         yield batch
 

@@ -153,16 +153,15 @@ class VisionEncoder:
         (its vision tensors converted in memory, nothing written) or a hub id ("Org/Name") in the
         local HF cache, never the network (sources.py). The checkpoint's preprocessor_config.json
         sets the preprocessing unless `preprocess` is given."""
-        from qwen_vit_jax.weights.sources import load_source
+        from qwen_vit_jax.weights.sources import load_source, preprocessing
 
         Numerics(dtype)  # validate before reading gigabytes
         if kwargs.get("compilation_cache_dir") is not None:
             enable_compilation_cache(kwargs.pop("compilation_cache_dir"))
         cfg, params, src = load_source(path)
-        if src.preprocessor_config is not None and "preprocess" not in kwargs:
-            kwargs["preprocess"] = PreprocessConfig.from_hf(src.preprocessor_config)
-        if "video_preprocess" not in kwargs:
-            kwargs["video_preprocess"] = video_config_for(src.path, cfg.variant)
+        _, image, video = preprocessing(src)
+        kwargs.setdefault("preprocess", image)
+        kwargs.setdefault("video_preprocess", video)
         return cls(cfg, params, dtype=dtype, **kwargs)
 
     @property
@@ -251,7 +250,7 @@ class VisionEncoder:
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
         prep = image_preprocessor(self.cfg.variant)
-        return self._encode_many([prep([im], config=self.preprocess, uint8=True) for im in images])
+        return self.encode_patches([prep([im], config=self.preprocess, uint8=True) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
         """One video, decoded and sampled by `preprocess_video` with `video_preprocess` (the checkpoint's
@@ -266,11 +265,16 @@ class VisionEncoder:
         from qwen_vit_jax.preprocess.video import preprocess_video
 
         pv, grid, _ = preprocess_video(video, config=self.video_preprocess, uint8=True, **sampling)
-        return self._encode_many([(pv, grid)])[0]
+        return self.encode_patches([(pv, grid)])[0]
 
-    def _encode_many(self, items: list[tuple[planlib.Patches, np.ndarray]]) -> list[np.ndarray]:
-        """Encode (patches, grid_thw) items, packing consecutive ones into calls of at most
-        max_batch_patches patches (a larger item runs alone)."""
+    def encode_patches(self, items: list[tuple[planlib.Patches, np.ndarray]]) -> list[np.ndarray]:
+        """Encode prepared inputs: (patches, grid_thw [1, 3]) items, as the preprocessors return
+        them with uint8=True (or float pixel_values rows), consecutive ones packed into calls of at
+        most max_batch_patches patches (a larger item runs alone).
+
+        Returns:
+          one float32 [tokens, out_dim] array per item.
+        """
         out = []
         for batch in pack(items, self.max_batch_patches, lambda item: len(item[0])):
             emb = self.encode(planlib.Patches.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))

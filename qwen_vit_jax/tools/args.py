@@ -57,6 +57,19 @@ def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--overwrite", action="store_true", help=f"replace an earlier {what}")
 
 
+def load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
+    """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
+    them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id."""
+    import jax
+
+    from qwen_vit_jax.runtime.encoder import VisionEncoder
+
+    devices = jax.local_devices()
+    return VisionEncoder.from_pretrained(
+        checkpoint, dtype=dtype, compilation_cache_dir=compile_cache, devices=devices if len(devices) > 1 else None
+    )
+
+
 # ---- help texts -----------------------------------------------------------------------------------
 CONVERT_HELP = f"""\
 Convert the vision tower of an HF checkpoint ({TOWERS}) to qwen_vit_jax params, atomically:
@@ -78,35 +91,59 @@ and host ops in the program (0 expected). Needs the accel extra: pip install 'qw
 """
 
 ENCODE_HELP = f"""\
-Encode image and video files (or folders of them) with a converted checkpoint and write every
-input's merged-token embeddings to one file, atomically (a temporary file renamed into place).
-Images follow the checkpoint's preprocessor_config.json (HF's defaults without one), EXIF
-orientation applied. Videos (told apart by extension, else by content; decoding needs PyAV:
-pip install 'qwen_vit_jax[video]') are decoded, sampled and sized as HF's video processor for the
-checkpoint does (its video_preprocessor_config.json, else preprocessor_config.json): --fps,
---num-frames and --max-frames override its sampling; one progress line per video on stderr.
+Encode images and videos (files, folders, webdataset .tar shards, .parquet files with an image
+column, HF datasets) with a checkpoint and write every input's merged-token embeddings to one file,
+atomically (a temporary file renamed into place). Images follow the checkpoint's
+preprocessor_config.json (HF's defaults without one), EXIF orientation applied. Videos (told apart
+by extension, else by content; decoding needs PyAV: pip install 'qwen_vit_jax[video]') are
+decoded, sampled and sized as HF's video processor for the checkpoint does (its
+video_preprocessor_config.json, else preprocessor_config.json): --fps, --num-frames and
+--max-frames override its sampling; one progress line per video on stderr.
+
+inputs, each detected by what it is (parquet and HF datasets need pip install 'qwen_vit_jax[data]'):
+  files and folders   image and video files; a folder's images, videos, .tar and .parquet files
+  NAME.tar            a webdataset shard: a sample's key is its __key__, its image the jpg / jpeg /
+                      png / webp member, its video the mp4 / webm member (uncompressed tar)
+  NAME.parquet        a row per input: --image-column (default image) holds the bytes or HF's
+                      {{bytes, path}} struct; the key is --key-column's value, else NAME.parquet:ROW
+  HF datasets         a folder written by datasets' save_to_disk (every split), or hf:NAME[:SPLIT]
+                      from the local HF cache (offline: nothing is downloaded); keys SPLIT:ROW
+  glob patterns       'shards/train-*.tar' (quoted: expanded here, sorted), and lists of all these
+Every key must be unique (an error names the duplicates; --allow-duplicate-keys encodes them all).
+A bad record is named by its shard and key.
 
 {LAYOUT}
-unreadable inputs: a file that cannot be decoded or preprocessed (a corrupt or truncated video,
+unreadable inputs: an input that cannot be decoded or preprocessed (a corrupt or truncated video,
 say) stops the run with an error naming it; the inputs finished before it are written. With
 --keep-going it is skipped with a warning instead, the others are encoded and written, and the
 exit status is 1. Fix or remove the file, then rerun the same command with --resume to add it.
 
-interruptions: OUT is rewritten with the inputs done so far every 10 minutes and on Ctrl-C;
-the same command with --resume continues from there. The embeddings are held in memory until
-written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's D = 2048), so
-encode very large collections into several files.
+interruptions and --resume: what is done is saved every 10 minutes, on Ctrl-C / SIGTERM and when
+a worker dies; the same command with --resume encodes exactly the inputs whose keys OUT does not
+hold yet, so that after any interruption (or a crash: then at most 10 minutes are lost) every key
+is in OUT once, with the bits of a clean run. The .safetensors / .npz forms hold the embeddings in
+memory until written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's
+D = 2048); .parquet writes them as it goes (OUT.parquet.parts/, merged into OUT at the end), its
+memory flat in the dataset's size: use it for large datasets.
+
+the same bytes twice: an input whose bytes (sha256) appeared earlier in the run is not encoded
+again: its row copies the first one's (the summary counts encoded and reused inputs). --cache DIR
+keeps every embedding keyed by the checkpoint's files, the dtype, the preprocessing and the sha256
+of the input's bytes, so that a later run reads what it has seen; an entry that fails its checksum
+is recomputed, never returned.
 
 devices: all of this process's devices (jax.local_devices()) share each call, frames balanced
 across them; --batch-patches defaults to 16384 patches per device.
 
 several processes / hosts: run the same command on the same inputs in every process, with
 --coordinator HOST:PORT --num-processes N --process-id I (or --distributed under SLURM, Open MPI,
-a Cloud TPU slice or Kubernetes). The inputs are cut into N consecutive slices of nearly equal
-patch count; process I writes OUT-stem-0000I-of-0000N.suffix (e.g. emb-00001-of-00002.safetensors),
-and process 0, once every shard exists, OUT.index.json. qwen_vit_jax.read_embeddings(OUT) reads
-the set in input order. --resume works per shard (same inputs, same N); unreadable inputs are
-skipped as with --keep-going. See docs/multi_device.md.
+a Cloud TPU slice or Kubernetes). Files are cut into N consecutive slices of nearly equal patch
+count; dataset records by whole shards (tar / parquet / arrow files, when there are at least N),
+else by consecutive row ranges. Process I writes OUT-stem-0000I-of-0000N.suffix (e.g.
+emb-00001-of-00002.parquet), and process 0, once every shard exists, OUT.index.json.
+qwen_vit_jax.read_embeddings(OUT) reads the set in input order. --resume reads every process's
+shard, so each key is encoded once in the whole set; unreadable inputs are skipped as with
+--keep-going. See docs/multi_device.md, and docs/scale.md for Ray Data.
 """
 
 VERIFY_HELP = """\

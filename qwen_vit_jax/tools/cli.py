@@ -23,26 +23,20 @@ it needs (`verify` alone needs torch and transformers).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from qwen_vit_jax.data.embeddings import FORMAT, VERSION
-from qwen_vit_jax.data.inputs import IMAGE_SUFFIXES, VIDEO_SUFFIXES, find_inputs, input_patches
-from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.files import sigterm_as_interrupt
+from qwen_vit_jax.tools import encode
 from qwen_vit_jax.tools.args import (
     AOT_HELP,
     BENCH_HELP,
     CONVERT_HELP,
     DEMO_HELP,
-    ENCODE_HELP,
     EXPORT_HELP,
     PROG,
     TOWERS,
@@ -52,6 +46,7 @@ from qwen_vit_jax.tools.args import (
     add_compile_cache,
     add_dtype,
     add_overwrite,
+    load_encoder,
     parse_sizes,
 )
 
@@ -92,147 +87,6 @@ def cmd_export(args) -> int:
     return 0
 
 
-# ---- encode ---------------------------------------------------------------------------------------
-def cmd_encode(args) -> int:
-    from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
-    from qwen_vit_jax.data.encode_files import encode_files, resume_from
-    from qwen_vit_jax.data.pipeline import default_workers, tune_allocator
-    from qwen_vit_jax.runtime import multihost
-
-    out = pathlib.Path(args.output)
-    check_suffix(out)
-    if not out.parent.is_dir():
-        raise CommandError(f"output folder not found: {out.parent}")
-    try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
-        tempfile.TemporaryFile(dir=out.parent).close()
-    except OSError as e:
-        raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
-    for flag in ("batch_patches", "num_frames", "max_frames", "fps"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.workers is not None and args.workers < 0:
-        raise CommandError(f"--workers must be >= 0, got {args.workers}")
-    workers = default_workers() if args.workers is None else args.workers
-    tune_allocator()  # this process decodes too with --workers 0 (and packs every batch)
-    # before anything touches a device: jax.distributed must start first
-    cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
-    sharded = cluster.count > 1
-    if sharded and out.exists():
-        raise CommandError(
-            f"{out} exists as a single file, which read_embeddings({out.name}) would read instead "
-            "of this run's shards: move or delete it"
-        )
-    target = shard_path(out, cluster.index, cluster.count) if sharded else out  # what this process writes
-    # Every process checks every shard, so that all of them stop here together (on a shared file system).
-    shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
-    if (found := [p for p in shards if p.exists()]) and not (args.resume or args.overwrite):
-        raise CommandError(f"{found[0]} exists: --resume adds the missing inputs to it, --overwrite replaces it")
-    paths = find_inputs(args.inputs, args.recursive)
-    if not paths:
-        raise CommandError(
-            "no input images or videos found (folders are searched for "
-            f"{', '.join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))}; --recursive for sub-folders)"
-        )
-
-    enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
-    limits = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
-    image_cfg = dataclasses.replace(enc.preprocess, **limits)
-    video_cfg = dataclasses.replace(enc.video_preprocess, **limits, **_sampling(args))
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        # a directory by its absolute path, a hub id (not a path) as given
-        "checkpoint": str(pathlib.Path(ckpt).resolve()) if os.path.exists(ckpt := args.checkpoint) else ckpt,
-        "dtype": enc.dtype,
-        "preprocess": image_cfg.to_dict(),
-        "video_preprocess": video_cfg.to_dict(),
-    }
-    old = resume_from(target, meta) if args.resume and target.exists() else None
-    done = set() if old is None else set(old.names)
-    if args.resume and sharded:  # what the other processes' shards hold is done too
-        for i in range(cluster.count):
-            if i != cluster.index and shard_path(out, i, cluster.count).exists():
-                done.update(read_names(shard_path(out, i, cluster.count)))
-    if sharded:  # every process has read the shards before any process writes one
-        multihost.barrier("qwen_vit_jax encode: start")
-    todo = [p for p in paths if p not in done]
-    if args.resume:
-        where = f"the shards of {out}" if sharded else str(out)
-        print(f"resume: {len(paths) - len(todo)} of {count(len(paths), 'input')} already in {where}", file=sys.stderr)
-        if not todo and not sharded:
-            print(f"nothing to do: {out} holds all {count(len(paths), 'input')}")
-            return 0
-    # This process's consecutive slice of the work, slices balanced by patch count (all when alone).
-    paths = multihost.share(todo, cluster, lambda p: input_patches(p, image_cfg, video_cfg, enc.cfg.variant))
-    if sharded:
-        print(
-            f"process {cluster.index} of {cluster.count}: {len(paths)} of {count(len(todo), 'input')} -> {target}",
-            file=sys.stderr,
-        )
-    # With several processes an unreadable input is skipped, as with --keep-going: every process must
-    # reach the end, where the shards are indexed together.
-    r = encode_files(
-        enc,
-        paths,
-        target,
-        meta,
-        old,
-        image_cfg=image_cfg,
-        video_cfg=video_cfg,
-        batch_patches=args.batch_patches or enc.max_batch_patches,
-        keep_going=args.keep_going or sharded,
-        save_empty=sharded,
-        workers=workers,
-        fast_decode=args.fast_decode,
-    )
-    held = len(r.names) + (0 if old is None else len(old.names))
-    print(
-        f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
-        f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
-        f"{count(workers, 'worker')}, {r.seconds_waiting / max(r.seconds, 1e-9):.0%} of it waiting for inputs; "
-        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
-        f"({count(held, 'input')})"
-    )
-    if sharded:
-        multihost.barrier("qwen_vit_jax encode: all shards written")
-        if cluster.index == 0:
-            write_index(out, cluster.count)
-            print(
-                f"index: {index_path(out)} lists the {cluster.count} shards; read them with "
-                f"qwen_vit_jax.read_embeddings({str(out)!r})"
-            )
-    if r.failed:
-        raise CommandError(
-            f"{len(r.failed)} of {count(len(paths), 'input')} could not be read (listed above); "
-            f"{target} holds the others: fix or remove them and rerun with --resume"
-        )
-    return 0
-
-
-def _sampling(args) -> dict:
-    """--fps / --num-frames / --max-frames as video PreprocessConfig fields (what a call's
-    fps= / num_frames= / max_frames= do; recorded in OUT's metadata, checked by --resume)."""
-    if args.fps is not None and args.num_frames is not None:
-        raise CommandError("--fps and --num-frames are mutually exclusive")
-    kw = {"max_frames": args.max_frames} if args.max_frames is not None else {}
-    if args.fps is not None or args.num_frames is not None:
-        kw.update(do_sample_frames=True, fps=args.fps, num_frames=args.num_frames)
-    return kw
-
-
-def _load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
-    """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
-    them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id."""
-    import jax
-
-    from qwen_vit_jax.runtime.encoder import VisionEncoder
-
-    devices = jax.local_devices()
-    return VisionEncoder.from_pretrained(
-        checkpoint, dtype=dtype, compilation_cache_dir=compile_cache, devices=devices if len(devices) > 1 else None
-    )
-
-
 # ---- verify ---------------------------------------------------------------------------------------
 def cmd_verify(args) -> int:
     try:
@@ -255,7 +109,7 @@ def cmd_verify(args) -> int:
     cfg = VisionConfig.from_hf(hf_dir)
     ckpt = args.checkpoint if args.checkpoint is not None else hf_dir  # default: HF_DIR itself, converted in memory
     dtypes = ["float32"] + (["bfloat16"] if args.bf16 else [])
-    encoders = {d: _load_encoder(ckpt, d) for d in dtypes}
+    encoders = {d: load_encoder(ckpt, d) for d in dtypes}
     if encoders["float32"].cfg != cfg:
         raise CommandError(f"{ckpt} holds a different tower than {hf_dir}: {encoders['float32'].cfg} vs {cfg}")
     t0 = time.perf_counter()
@@ -285,7 +139,7 @@ def cmd_bench(args) -> int:
     sizes = parse_sizes(args.sizes)
     if args.repeats <= 0:
         raise CommandError(f"--repeats must be positive, got {args.repeats}")
-    enc = _load_encoder(args.checkpoint, args.dtype, args.compile_cache)
+    enc = load_encoder(args.checkpoint, args.dtype, args.compile_cache)
     cfg = enc.cfg
     from qwen_vit_jax import plan as planlib
 
@@ -371,87 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--copy", action="store_true", help="copy the shards without vision tensors (default: link)")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser(
-        "encode",
-        formatter_class=fmt,
-        help="images and videos -> embeddings file (.safetensors / .npz)",
-        description=ENCODE_HELP,
-        epilog=f"example: {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520",
-    )
-    add_checkpoint(p)
-    p.add_argument(
-        "inputs",
-        metavar="INPUT",
-        nargs="+",
-        help="image or video files, or folders: their image and video files ("
-        + " ".join(sorted(IMAGE_SUFFIXES | VIDEO_SUFFIXES))
-        + "), sorted by name",
-    )
-    p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file, .safetensors or .npz")
-    add_dtype(p, help="compute dtype: float32 is exact vs HF; bfloat16 is ~2x faster on CPUs with bf16")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--resume",
-        action="store_true",
-        help="if OUT exists, skip the inputs it already holds (by name) and write OUT again "
-        "with the new ones appended; the checkpoint, dtype, pixel limits and frame sampling must match",
-    )
-    add_overwrite(mode, "OUT")
-    p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
-    p.add_argument(
-        "--keep-going",
-        action="store_true",
-        help="skip inputs that cannot be read (each named in a warning; exit status 1) instead of stopping",
-    )
-    g = p.add_argument_group("video frame sampling (default: the checkpoint's video config)")
-    g.add_argument("--fps", type=float, metavar="F", help="sample F frames per second of video")
-    g.add_argument("--num-frames", type=int, metavar="N", help="or sample N frames spread evenly over each video")
-    g.add_argument("--max-frames", type=int, metavar="N", help="sample at most N frames per video")
-    p.add_argument(
-        "--batch-patches",
-        type=int,
-        metavar="N",
-        help="most patches per forward call (default: the encoder's, 16384 per device); larger "
-        "batches amortise per-call costs, smaller ones use less memory",
-    )
-    p.add_argument(
-        "--min-pixels",
-        type=int,
-        metavar="N",
-        help="override the preprocessing min_pixels (also videos': per frame, Qwen3-VL: per clip)",
-    )
-    p.add_argument(
-        "--max-pixels",
-        type=int,
-        metavar="N",
-        help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full size: ~16k patches)",
-    )
-    add_compile_cache(p)
-    g = p.add_argument_group("preprocessing")
-    g.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="worker processes that read, decode, resize and patchify the inputs (default: the cores left "
-        "after this process; 0: in this process); the output is the same for every N",
-    )
-    g.add_argument(
-        "--fast-decode",
-        action="store_true",
-        help="decode a JPEG at 1/2, 1/4 or 1/8 scale when it is resized to that or less anyway (2-4x less "
-        "decoding; not HF's pixels: docs/numerics.md)",
-    )
-    g = p.add_argument_group("several processes (one shard of OUT each)")
-    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
-    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
-    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
-    g.add_argument(
-        "--distributed",
-        action="store_true",
-        help="let jax.distributed.initialize() find the cluster (SLURM, Open MPI, Cloud TPU, "
-        "Kubernetes) instead of the three flags above",
-    )
-    p.set_defaults(func=cmd_encode)
+    encode.add_parser(sub, fmt)
 
     p = sub.add_parser(
         "verify",

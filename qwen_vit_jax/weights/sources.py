@@ -29,6 +29,7 @@ import re
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.preprocess.config import PreprocessConfig, image_config_for, video_config_for
 from qwen_vit_jax.weights.convert import FORMAT, PREPROCESSOR_FILE, load_converted
 from qwen_vit_jax.weights.hf_read import CONFIG_FILE, read_hf_vision_params
 
@@ -148,6 +149,19 @@ def load_source(source: str | os.PathLike | Source) -> tuple[VisionConfig, dict[
     else:
         cfg, params = read_hf_vision_params(src.path)
     return cfg, params, src
+
+
+def preprocessing(source: str | os.PathLike | Source) -> tuple[str, PreprocessConfig, PreprocessConfig]:
+    """(variant, image preprocessing, video preprocessing) of a checkpoint, from its config files
+    alone (no weights read): its preprocessor_config.json (HF's defaults for the tower without one)
+    and its video config (preprocess.config.video_config_for)."""
+    src = source if isinstance(source, Source) else resolve_source(source)
+    if src.kind == CONVERTED:
+        cfg = VisionConfig.from_dict(json.loads((src.path / CONFIG_FILE).read_text())["vision_config"])
+    else:
+        cfg = VisionConfig.from_hf(src.path)
+    image = PreprocessConfig.from_hf(src.preprocessor_config) if src.preprocessor_config else None
+    return cfg.variant, image or image_config_for(cfg.variant), video_config_for(src.path, cfg.variant)
 
 
 def load_model(path: str | os.PathLike, dtype: str = "float32", device=None, attention: str = "xla"):

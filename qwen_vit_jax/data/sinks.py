@@ -1,0 +1,140 @@
+"""Where the encode loop's rows go: an embeddings file (embeddings.py's safetensors / npz form,
+held in memory and rewritten whole at each save) or a parquet file (parquet.py: written as it goes,
+memory flat in the dataset's size). Both take rows in input order with each input's sha256, give
+back a row written earlier
+(`fetch`: the content-hash dedupe copies a duplicate's embedding), save what is done
+(`checkpoint`), and end whole (`finish`); `open_sink` checks a file being resumed against this run's
+settings and lists the keys it holds (`done`) and its rows by sha256 (`seen`: a resumed run copies
+those rows as a clean run would have, rather than encoding the same bytes again).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from qwen_vit_jax.data import parquet
+from qwen_vit_jax.data.embeddings import Embeddings, check_suffix, read_embeddings, write_embeddings
+from qwen_vit_jax.data.inputs import EncodeError
+
+RESUME_KEYS = ("checkpoint", "dtype", "preprocess", "video_preprocess")  # must match to add to a file
+
+Row = tuple  # (grid int64 [3], embedding float32 [tokens, D], timestamps float64 [t])
+
+
+def check_resumable(where, metadata: dict, meta: dict) -> None:
+    for key in RESUME_KEYS:
+        if key == "video_preprocess" and key not in metadata:
+            continue  # written before videos were supported: it holds images only
+        if metadata.get(key) != meta[key]:
+            raise EncodeError(
+                f"--resume: {where} was written with {key} {metadata.get(key)!r}, this run uses "
+                f"{meta[key]!r}; mixing them in one file would be silently wrong"
+            )
+
+
+class MemorySink:
+    """The safetensors / npz form: rows kept, OUT rewritten whole (old rows + this run's) at each
+    checkpoint and at the end; the sha256 list in its metadata."""
+
+    def __init__(self, target: pathlib.Path, meta: dict, dim: int, old: Embeddings | None):
+        self.target, self.meta, self.dim, self.old = target, meta, dim, old
+        self.keys: list[str] = []
+        self.rows: list[Row] = []
+        self.digests: list[str | None] = []
+        self.old_digests = [] if old is None else old.metadata.get("sha256") or [None] * len(old)
+        self.done = [] if old is None else list(old.names)
+        self.seen = {d: ("old", i) for i, d in enumerate(self.old_digests) if d}
+
+    def add(self, key: str, row: Row, digest: str | None) -> int:
+        self.keys.append(key)
+        self.rows.append(row)
+        self.digests.append(digest)
+        return len(self.rows) - 1
+
+    def fetch(self, ref) -> Row:
+        if isinstance(ref, tuple):  # a row of the file being resumed
+            i, old = ref[1], self.old
+            t = int(np.sum(old.grid_thw[:i, 0]))
+            return old.grid_thw[i], old[i], old.timestamps[t : t + int(old.grid_thw[i, 0])]
+        return self.rows[ref]
+
+    def checkpoint(self) -> None:
+        grids = [r[0] for r in self.rows]
+        new = Embeddings(
+            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in self.rows]]),
+            np.asarray(grids, np.int64).reshape(-1, 3),
+            np.concatenate([[0], np.cumsum([len(r[1]) for r in self.rows])]).astype(np.int64),
+            list(self.keys),
+            dict(self.meta, sha256=list(self.digests)),
+            np.concatenate([np.zeros(0), *[r[2] for r in self.rows]]),
+        )
+        if self.old is not None:
+            self.old.metadata["sha256"] = self.old_digests  # concatenate joins the two lists
+        write_embeddings(self.target, new if self.old is None else Embeddings.concatenate([self.old, new], self.meta))
+
+    def finish(self) -> None:
+        self.checkpoint()
+
+    def abandon(self) -> None:
+        pass
+
+
+class ParquetSink:
+    """The parquet form: rows go to parts as they come (parquet.PartsWriter); `finish` merges the
+    file being resumed, the parts of an earlier crashed run and this run's into OUT."""
+
+    def __init__(self, target: pathlib.Path, meta: dict, dim: int, resume: bool):
+        self.target, self.meta, self.dim = target, meta, dim
+        self.old = target if resume and target.exists() else None
+        self.done, self.seen = [], {}
+        for f in [*([self.old] if self.old else []), *(parquet.part_files(target) if resume else [])]:
+            check_resumable(f, parquet.read_metadata(f), meta)
+            self.done += parquet.read_keys(f)
+            self.seen.update({d: (f, i) for i, d in enumerate(parquet.read_digests(f)) if d and d not in self.seen})
+        if not resume:  # parts of an earlier run belong to it: a fresh run starts from none
+            for f in parquet.part_files(target):
+                f.unlink()
+        self.writer = parquet.PartsWriter(target, dim, meta)
+        self.start = self.writer.rows_in_parts  # rows of this run are numbered from here in the parts
+        self.count = 0
+
+    def add(self, key: str, row: Row, digest: str | None) -> int:
+        self.writer.add(key, *row, digest)
+        self.count += 1
+        return self.count - 1
+
+    def fetch(self, ref) -> Row:
+        if isinstance(ref, tuple):  # (file, row) of the file being resumed or an earlier run's part
+            return parquet.read_row(*ref)
+        if self.start + ref >= self.writer.rows_in_parts:  # still in the part being written
+            self.writer.checkpoint()
+        row = self.start + ref
+        for f in parquet.part_files(self.target):
+            n = parquet.num_rows(f)
+            if row < n:
+                return parquet.read_row(f, row)
+            row -= n
+        raise IndexError(f"row {ref} of this run is in no part of {self.target}")
+
+    def checkpoint(self) -> None:
+        self.writer.checkpoint()
+
+    def finish(self) -> None:
+        self.writer.finish(self.old)
+
+    def abandon(self) -> None:
+        self.writer.abandon()
+
+
+def open_sink(target: pathlib.Path, meta: dict, dim: int, resume: bool):
+    """The sink writing `target` (by its suffix); with `resume`, the rows it holds (checked to come
+    from the same checkpoint and settings) are kept and listed in `sink.done`."""
+    if check_suffix(target) == ".parquet":
+        return ParquetSink(target, meta, dim, resume)
+    old = None
+    if resume and target.exists():
+        old = read_embeddings(target)
+        check_resumable(target, old.metadata, meta)
+    return MemorySink(target, meta, dim, old)

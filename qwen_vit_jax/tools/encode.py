@@ -1,0 +1,336 @@
+"""`qwen-vit-jax encode`: its options (`add_parser`) and the command (`command`): list the inputs
+(data/sources.py: files, folders, webdataset shards, parquet files, HF datasets), check their keys,
+open the output (data/sinks.py) and leave out what it holds (--resume), share the rest between
+processes, then run the encode loop (data/encode_files.py). Building the parser imports no jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import sys
+import tempfile
+from collections import Counter
+
+from qwen_vit_jax.data.embeddings import FORMAT, VERSION
+from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.tools.args import (
+    ENCODE_HELP,
+    PROG,
+    CommandError,
+    add_checkpoint,
+    add_compile_cache,
+    add_dtype,
+    add_overwrite,
+    load_encoder,
+)
+
+
+def add_parser(sub, fmt) -> None:
+    from qwen_vit_jax.data.sources import suffixes
+
+    p = sub.add_parser(
+        "encode",
+        formatter_class=fmt,
+        help="images, videos and datasets -> embeddings file (.safetensors / .npz / .parquet)",
+        description=ENCODE_HELP,
+        epilog=f"examples:\n  {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520\n"
+        f"  {PROG} encode q3b 'shards/train-*.tar' -o emb.parquet --workers 8 --cache ~/.cache/qvj-emb\n"
+        f"  {PROG} encode q3b laion.parquet --image-column jpg --key-column url -o emb.parquet",
+    )
+    add_checkpoint(p)
+    p.add_argument(
+        "inputs",
+        metavar="INPUT",
+        nargs="+",
+        help="image or video files, folders (their " + " ".join(sorted(suffixes())) + " files, sorted by "
+        "name), webdataset .tar shards, .parquet files, HF datasets (a save_to_disk folder, or hf:NAME[:SPLIT] "
+        "from the local cache), or glob patterns of these",
+    )
+    p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file: .safetensors, .npz or .parquet")
+    add_dtype(p, help="compute dtype: float32 is exact vs HF; bfloat16 is ~2x faster on CPUs with bf16")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="if OUT exists (or an interrupted run's OUT.parquet.parts), skip the inputs it already holds "
+        "(by key) and add the others; the checkpoint, dtype, pixel limits and frame sampling must match",
+    )
+    add_overwrite(mode, "OUT")
+    p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="skip inputs that cannot be read (each named in a warning; exit status 1) instead of stopping",
+    )
+    g = p.add_argument_group("datasets")
+    g.add_argument(
+        "--image-column",
+        metavar="NAME",
+        default="image",
+        help="the column of parquet files and HF datasets holding the image: bytes or HF's {bytes, path} "
+        "(default image)",
+    )
+    g.add_argument(
+        "--key-column",
+        metavar="NAME",
+        help="the column giving each row's key (default: FILE.parquet:ROW, or SPLIT:ROW for an HF dataset)",
+    )
+    g.add_argument(
+        "--allow-duplicate-keys",
+        action="store_true",
+        help="encode inputs that share a key (each once; --resume then counts them) instead of stopping",
+    )
+    g.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="content-hash cache: an input whose bytes were encoded before with this checkpoint, dtype and "
+        "preprocessing is read from DIR; every input encoded is added",
+    )
+    g = p.add_argument_group("video frame sampling (default: the checkpoint's video config)")
+    g.add_argument("--fps", type=float, metavar="F", help="sample F frames per second of video")
+    g.add_argument("--num-frames", type=int, metavar="N", help="or sample N frames spread evenly over each video")
+    g.add_argument("--max-frames", type=int, metavar="N", help="sample at most N frames per video")
+    p.add_argument(
+        "--batch-patches",
+        type=int,
+        metavar="N",
+        help="most patches per forward call (default: the encoder's, 16384 per device); larger "
+        "batches amortise per-call costs, smaller ones use less memory",
+    )
+    p.add_argument(
+        "--min-pixels",
+        type=int,
+        metavar="N",
+        help="override the preprocessing min_pixels (also videos': per frame, Qwen3-VL: per clip)",
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        metavar="N",
+        help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full size: ~16k patches)",
+    )
+    add_compile_cache(p)
+    g = p.add_argument_group("preprocessing")
+    g.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes that read, decode, resize and patchify the inputs (default: the cores left "
+        "after this process; 0: in this process); the output is the same for every N",
+    )
+    g.add_argument(
+        "--fast-decode",
+        action="store_true",
+        help="decode a JPEG at 1/2, 1/4 or 1/8 scale when it is resized to that or less anyway (2-4x less "
+        "decoding; not HF's pixels: docs/numerics.md)",
+    )
+    g = p.add_argument_group("several processes (one shard of OUT each)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
+    g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    g.add_argument(
+        "--distributed",
+        action="store_true",
+        help="let jax.distributed.initialize() find the cluster (SLURM, Open MPI, Cloud TPU, "
+        "Kubernetes) instead of the three flags above",
+    )
+    p.set_defaults(func=command)
+
+
+def command(args) -> int:
+    from qwen_vit_jax.data import parquet
+    from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+    from qwen_vit_jax.data.encode_files import encode_files
+    from qwen_vit_jax.data.pipeline import default_workers, tune_allocator
+    from qwen_vit_jax.data.sinks import open_sink
+    from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
+    from qwen_vit_jax.runtime import multihost
+
+    out = pathlib.Path(args.output)
+    if check_suffix(out) == ".parquet":
+        need_pyarrow(f"-o {out}")
+    if not out.parent.is_dir():
+        raise CommandError(f"output folder not found: {out.parent}")
+    try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as e:
+        raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
+    for flag in ("batch_patches", "num_frames", "max_frames", "fps"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.workers is not None and args.workers < 0:
+        raise CommandError(f"--workers must be >= 0, got {args.workers}")
+    workers = default_workers() if args.workers is None else args.workers
+    tune_allocator()  # this process decodes too with --workers 0 (and packs every batch)
+    # before anything touches a device: jax.distributed must start first
+    cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    sharded = cluster.count > 1
+    if sharded and out.exists():
+        raise CommandError(
+            f"{out} exists as a single file, which read_embeddings({out.name}) would read instead "
+            "of this run's shards: move or delete it"
+        )
+    target = shard_path(out, cluster.index, cluster.count) if sharded else out  # what this process writes
+    # Every process checks every shard, so that all of them stop here together (on a shared file system).
+    shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
+    found = [p for s in shards for p in (s, parquet.parts_dir(s)) if p.exists()]
+    if found and not (args.resume or args.overwrite):
+        what = "an interrupted run's parts" if found[0].suffix == ".parts" else "it"
+        raise CommandError(f"{found[0]} exists: --resume adds the missing inputs to {what}, --overwrite replaces it")
+    records = expand(args.inputs, recursive=args.recursive, image_column=args.image_column, key_column=args.key_column)
+    if not records:
+        raise CommandError(
+            f"no input images, videos or datasets found (folders are searched for {', '.join(sorted(suffixes()))}; "
+            "--recursive for sub-folders)"
+        )
+    if (dups := duplicate_keys(records)) and not args.allow_duplicate_keys:
+        shown = ", ".join(f"{k!r} ({n}x)" for k, n in list(dups.items())[:5])
+        more = f" and {len(dups) - 5:,} more" if len(dups) > 5 else ""
+        raise CommandError(
+            f"{count(len(dups), 'key')} occur more than once: {shown}{more}; a key must name one input "
+            "(--key-column picks another column; --allow-duplicate-keys encodes each all the same)"
+        )
+
+    enc = load_encoder(args.checkpoint, args.dtype, args.compile_cache)
+    limits = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
+    image_cfg = dataclasses.replace(enc.preprocess, **limits)
+    video_cfg = dataclasses.replace(enc.video_preprocess, **limits, **_sampling(args))
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        # a directory by its absolute path, a hub id (not a path) as given
+        "checkpoint": str(pathlib.Path(ckpt).resolve()) if os.path.exists(ckpt := args.checkpoint) else ckpt,
+        "dtype": enc.dtype,
+        "preprocess": image_cfg.to_dict(),
+        "video_preprocess": video_cfg.to_dict(),
+    }
+    sink = open_sink(target, meta, enc.cfg.out_dim, args.resume)
+    held = Counter(sink.done)  # keys, counted: with --allow-duplicate-keys a key may stand for several inputs
+    if args.resume and sharded:  # what the other processes' shards hold is done too
+        for i in range(cluster.count):
+            other = shard_path(out, i, cluster.count)
+            if i != cluster.index:
+                held.update(read_names(other) if other.exists() else [])
+                held.update(k for part in parquet.part_files(other) for k in parquet.read_keys(part))
+    if sharded:  # every process has read the shards before any process writes one
+        multihost.barrier("qwen_vit_jax encode: start")
+    # This process's part of the inputs (all when alone), fixed by the inputs alone: a resumed run
+    # gives each process the part it had, and packs what is left of it as the clean run did.
+    mine = _share(records, cluster, image_cfg, video_cfg, enc.cfg.variant)
+    todo = _left(mine, held)
+    if args.resume:
+        where = f"the shards of {out}" if sharded else str(out)
+        left = len(_left(records, held)) if sharded else len(todo)
+        print(f"resume: {len(records) - left} of {count(len(records), 'input')} already in {where}", file=sys.stderr)
+        if not todo and not sharded:
+            if parquet.part_files(target):  # an interrupted run's parts, all there: merged into OUT
+                sink.finish()
+            else:
+                sink.abandon()
+            print(f"nothing to do: {out} holds all {count(len(records), 'input')}")
+            return 0
+    if sharded:
+        print(
+            f"process {cluster.index} of {cluster.count}: {len(todo)} of {count(len(records), 'input')} -> {target}",
+            file=sys.stderr,
+        )
+    # With several processes an unreadable input is skipped, as with --keep-going: every process must
+    # reach the end, where the shards are indexed together.
+    r = encode_files(
+        enc,
+        todo,
+        target,
+        meta,
+        image_cfg=image_cfg,
+        video_cfg=video_cfg,
+        batch_patches=args.batch_patches or enc.max_batch_patches,
+        keep_going=args.keep_going or sharded,
+        resume=args.resume,
+        save_empty=sharded,
+        workers=workers,
+        fast_decode=args.fast_decode,
+        cache=_cache(args, meta),
+        sink=sink,
+    )
+    print(
+        f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
+        f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
+        f"{count(workers, 'worker')}, {r.seconds_waiting / max(r.seconds, 1e-9):.0%} of it waiting for inputs; "
+        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
+        f"({count(len(sink.done) + len(r.names), 'input')})"
+    )
+    print(
+        f"  {r.encoded:,} encoded, {r.reused:,} reused (the same bytes earlier in this run), "
+        f"{r.cached:,} from the cache" + (f" ({args.cache})" if args.cache else ""),
+    )
+    if sharded:
+        multihost.barrier("qwen_vit_jax encode: all shards written")
+        if cluster.index == 0:
+            write_index(out, cluster.count)
+            print(
+                f"index: {index_path(out)} lists the {cluster.count} shards; read them with "
+                f"qwen_vit_jax.read_embeddings({str(out)!r})"
+            )
+    if r.failed:
+        raise CommandError(
+            f"{len(r.failed)} of {count(len(todo), 'input')} could not be read (listed above); "
+            f"{target} holds the others: fix or remove them and rerun with --resume"
+        )
+    return 0
+
+
+def _left(records: list, held: Counter) -> list:
+    """The records `held` does not account for: a key held n times accounts for its first n
+    records (keys are unique unless --allow-duplicate-keys)."""
+    held = Counter(held)
+    todo = []
+    for r in records:
+        if held[r.key] > 0:
+            held[r.key] -= 1
+        else:
+            todo.append(r)
+    return todo
+
+
+def _share(records: list, cluster, image_cfg, video_cfg, variant: str) -> list:
+    """This process's part of `records`. Files: consecutive slices balanced by patch count (from their
+    headers). Dataset records: whole shards (tar, parquet or arrow files), balanced by record count,
+    when there are at least as many shards as processes, else consecutive row ranges."""
+    from qwen_vit_jax.data.inputs import input_patches
+    from qwen_vit_jax.runtime import multihost
+
+    if cluster.count == 1:
+        return records
+    if all(r.kind == "file" for r in records):
+        return multihost.share(records, cluster, lambda r: input_patches(r.path, image_cfg, video_cfg, variant))
+    groups: dict[str, list] = {}
+    for r in records:
+        groups.setdefault(r.shard, []).append(r)
+    if len(groups) >= cluster.count:
+        return [r for g in multihost.share(list(groups.values()), cluster, len) for r in g]
+    return multihost.share(records, cluster, lambda r: 1)
+
+
+def _cache(args, meta: dict):
+    """The content-hash cache of --cache, keyed by the checkpoint's files, the dtype and preprocessing."""
+    if not args.cache:
+        return None
+    from qwen_vit_jax.data.cache import EmbeddingCache, checkpoint_fingerprint, run_fingerprint
+    from qwen_vit_jax.weights.sources import resolve_source
+
+    weights = checkpoint_fingerprint(resolve_source(args.checkpoint).path)
+    image = {**meta["preprocess"], "fast_decode": args.fast_decode}  # --fast-decode changes the pixels
+    return EmbeddingCache(args.cache, run_fingerprint(weights, meta["dtype"], image, meta["video_preprocess"]))
+
+
+def _sampling(args) -> dict:
+    """--fps / --num-frames / --max-frames as video PreprocessConfig fields (what a call's
+    fps= / num_frames= / max_frames= do; recorded in OUT's metadata, checked by --resume)."""
+    if args.fps is not None and args.num_frames is not None:
+        raise CommandError("--fps and --num-frames are mutually exclusive")
+    kw = {"max_frames": args.max_frames} if args.max_frames is not None else {}
+    if args.fps is not None or args.num_frames is not None:
+        kw.update(do_sample_frames=True, fps=args.fps, num_frames=args.num_frames)
+    return kw
