@@ -6,7 +6,7 @@
 Two stages, each scaled on its own (pip install 'qwen_vit_jax[ray]'): `qvj.ray.preprocess` decodes,
 resizes and cuts the images into uint8 patches in CPU tasks; `--encoders` actors of `qvj.ray.Encoder`
 turn them into embeddings, one per GPU with `--num-gpus 1`. For TPU hosts, `--tpus 4`: resources=
-{"TPU": 4} instead of num_gpus (an Encoder encodes on its actor's first device: docs/scale.md).
+{"TPU": 4} instead of num_gpus (an Encoder shares each call across all of its actor's devices).
 OUT_DIR gets Ray's parquet files: every input column but the image, plus `grid_thw` and `embedding`
 (list<fixed_size_list<float32, D>>).
 
