@@ -319,8 +319,7 @@ def test_same_bytes_encoded_once_and_the_cache(capsys, tiny_dirs, reference, tmp
 
 # ---- several processes -----------------------------------------------------------------------------------------
 def test_two_processes_shard_by_shard_and_by_rows(capsys, tiny_dirs, tmp_path):
-    """Three shards over two processes (whole shards each), then one parquet file (row ranges);
-    a lost process file is redone on --resume, every key once in the set."""
+    """Three shards over two processes (whole shards each), then one parquet file (row ranges)."""
     _, ckpt = tiny_dirs
     for s in range(3):
         write_tar(tmp_path / f"s{s}.tar", [(f"s{s}-{i}", {"png": BLOBS[(s + i) % 6]}) for i in range(2 + s)])
@@ -335,10 +334,7 @@ def test_two_processes_shard_by_shard_and_by_rows(capsys, tiny_dirs, tmp_path):
     assert b.names == a.names
     close(b.embeddings, a.embeddings)
 
-    (tmp_path / "out-00001-of-00002.parquet").unlink()
-    results = run_processes(2, "encode", ckpt, tmp_path / "s*.tar", "-o", out, "--workers", "0", "--resume")
-    assert all(rc == 0 for rc, _ in results), results
-    assert sorted(read_embeddings(out).names) == sorted(a.names)  # every key once
+    # (--resume of a lost process file: test_cli.test_encode_two_processes_equals_one, the same code)
 
     write_parquet(tmp_path / "one.parquet", BLOBS)
     out = tmp_path / "rows.parquet"
