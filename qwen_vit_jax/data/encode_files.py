@@ -68,6 +68,7 @@ class _Rows:
         self.enc, self.sink, self.cache, self.budget = enc, sink, cache, budget
         self.pending: list[tuple[Item, str, object]] = []  # (item, how, what): see add
         self.batch: list[Item] = []
+        self.batch_patches = 0  # patches in `batch`
         # sha256 -> ("copy", the Item of this run being encoded) | ("row", its row in the sink)
         self.first: dict[str, tuple[str, object]] = {d: ("row", ref) for d, ref in sink.seen.items()}
         self.names: list[str] = []
@@ -83,11 +84,12 @@ class _Rows:
             self.pending.append((item, "cached", row))
         else:
             if self.batch and (
-                sum(len(i.patches) for i in self.batch) + len(item.patches) > self.budget
+                self.batch_patches + len(item.patches) > self.budget
                 or not np.array_equal(item.patches.table, self.batch[0].patches.table)
             ):
                 self.flush()
             self.batch.append(item)
+            self.batch_patches += len(item.patches)
             self.pending.append((item, "encode", None))
             if item.digest:
                 self.first[item.digest] = ("copy", item)
@@ -119,7 +121,7 @@ class _Rows:
                 self.first[item.digest] = ("row", ref)
             self.names.append(item.name)
             self.tokens += len(row[1])
-        self.pending, self.batch = [], []
+        self.pending, self.batch, self.batch_patches = [], [], 0
 
 
 def encode_files(

@@ -94,11 +94,12 @@ def read_keys(path: str | os.PathLike) -> list[str]:
     return pq.read_table(path, columns=["key"]).column(0).to_pylist()
 
 
-def read_digests(path: str | os.PathLike) -> list[str | None]:
-    """The sha256 column of one parquet embeddings file."""
+def read_keys_and_digests(path: str | os.PathLike) -> tuple[list[str], list[str | None]]:
+    """The key and sha256 columns of one parquet embeddings file, in one read (what --resume needs)."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(path, columns=["sha256"]).column(0).to_pylist()
+    t = pq.read_table(path, columns=["key", "sha256"])
+    return t.column(0).to_pylist(), t.column(1).to_pylist()
 
 
 def read_metadata(path: str | os.PathLike) -> dict:

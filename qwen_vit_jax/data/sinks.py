@@ -91,8 +91,9 @@ class ParquetSink:
         self.done, self.seen = [], {}
         for f in [*([self.old] if self.old else []), *(parquet.part_files(target) if resume else [])]:
             check_resumable(f, parquet.read_metadata(f), meta)
-            self.done += parquet.read_keys(f)
-            self.seen.update({d: (f, i) for i, d in enumerate(parquet.read_digests(f)) if d and d not in self.seen})
+            keys, digests = parquet.read_keys_and_digests(f)
+            self.done += keys
+            self.seen.update({d: (f, i) for i, d in enumerate(digests) if d and d not in self.seen})
         if not resume:  # parts of an earlier run belong to it: a fresh run starts from none
             for f in parquet.part_files(target):
                 f.unlink()
