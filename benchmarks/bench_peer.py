@@ -9,8 +9,10 @@ attention by its values, so it is jitted with the grid as a compile-time constan
 program per distinct grid. Ours compiles one program per bucket; the timed sizes are declared
 recurring sizes (`warmup([grid], tight=True)`, counted in the first call): their tight buckets,
 rows rounded only to the attention blocks (1296 patches: 1296 rows), against EasyDeL's program
-for exactly that shape. Both compile cold: EasyDeL's import switches JAX's persistent
-compilation cache on, the worker switches it off again.
+for exactly that shape. A third side, "ours, default ladder", times the same sizes with nothing
+declared: the ladder's bucket (1296 patches: 1536 rows), what a size seen once runs. Both compile
+cold: EasyDeL's import switches JAX's persistent compilation cache on, the worker switches it off
+again.
 
 EasyDeL lives in its own venv (it pins an older jax and imports torch and pillow):
     python -m venv /work/easydel-venv
@@ -45,6 +47,7 @@ import numpy as np
 
 VARIANT = "qwen2-vl-2b"
 SEED = 0
+LADDER = "ours, default ladder"  # the timed sizes with no size declared: the ladder's bucket
 
 
 def probe_sides(sizes: list[int]) -> list[list[int]]:
@@ -177,7 +180,7 @@ def ours_worker(p: dict) -> dict:
         "device": str(jax.devices()[0]),
         "numerics": str(enc.num),
         **(
-            run_sides(enc.encode, p, compiles, declare)
+            run_sides(enc.encode, p, compiles, None if p.get("ladder") else declare)
             if not p.get("stream")
             else run_stream(enc.encode, p, compiles, declare if p.get("bound") else None)
         ),
@@ -196,19 +199,17 @@ def print_timed(args, sizes: list[int], runs: dict, rows: list, rounds: int, rep
             ["patches", "impl", "median", "vs EasyDeL", "first call", "compiles (first)", "rel diff vs ours"], rows
         )
     )
+    probed = {impl: rs for impl, rs in runs.items() if rs[0]["probe"]}
     probe_rows = []
     for i, (h, w) in enumerate(probe_sides(sizes)):
         row = [f"{h}x{w}"]
-        for rs in runs.values():
+        for rs in probed.values():
             pr = rs[0]["probe"][i]
             row += [pr["compiles"], common.fmt_seconds(pr["first"]), common.fmt_seconds(pr["second"])]
         probe_rows.append(row)
     print("\nNew image sizes after warm-up (first process of each side):\n")
-    print(
-        common.markdown_table(
-            ["h x w", *(f"{impl} {x}" for impl in runs for x in ("compiles", "first call", "second call"))], probe_rows
-        )
-    )
+    heads = ["h x w", *(f"{impl} {x}" for impl in probed for x in ("compiles", "first call", "second call"))]
+    print(common.markdown_table(heads, probe_rows))
 
 
 def hub_layout(hf_dir: str) -> str:
@@ -268,15 +269,17 @@ def main() -> None:
             python, env = args.easydel_python, common.torch_env()
             easydel = {**payload, "name": "easydel", **extra}
             return common.run_worker(__file__, "easydel", easydel, python=python, env=env)
+        if impl == LADDER:  # no size declared: the default ladder's bucket; no new-size probe
+            return common.run_worker(__file__, "ours", {**payload, "name": "ours-ladder", "ladder": True, "probe": []})
         return common.run_worker(__file__, "ours", {**payload, "name": "ours", **extra})
 
-    runs, streams = {"EasyDeL": [], "ours": []}, {"EasyDeL": [], "ours": []}
+    runs, streams = {"EasyDeL": [], "ours": [], LADDER: []}, {"EasyDeL": [], "ours": []}
     for i in range(rounds):
         payload["probe"] = payload["probe"] if i == 0 else []  # new sizes: first round only
-        order = ("EasyDeL", "ours") if i % 2 == 0 else ("ours", "EasyDeL")  # sides alternate
+        order = ("EasyDeL", "ours", LADDER) if i % 2 == 0 else (LADDER, "ours", "EasyDeL")  # sides alternate
         for impl in order if not args.stream_only else ():
             runs[impl].append(worker(impl, {}))
-        for impl in order if stream else ():
+        for impl in [x for x in order if x != LADDER] if stream else ():
             streams[impl].append(worker(impl, {"stream": stream}))  # a fresh process: nothing compiled
         if stream and args.stream_bound:
             streams.setdefault("ours, all sizes declared (bound)", []).append(
@@ -288,8 +291,11 @@ def main() -> None:
         med = {
             impl: statistics.median(t for r in rs for t in r["sizes"][str(side)]["times"]) for impl, rs in runs.items()
         }
-        ed_out, ours_out = (np.load(outputs / f"{name}-{side}.npy") for name in ("easydel", "ours"))
+        ed_out, ours_out, ladder_out = (
+            np.load(outputs / f"{name}-{side}.npy") for name in ("easydel", "ours", "ours-ladder")
+        )
         rel = float(np.linalg.norm(ed_out - ours_out) / np.linalg.norm(ours_out))
+        rel_ladder = float(np.linalg.norm(ladder_out - ours_out) / np.linalg.norm(ours_out))
         for impl, rs in runs.items():
             first = statistics.median(r["sizes"][str(side)]["first"] for r in rs)
             rows.append(
@@ -300,7 +306,7 @@ def main() -> None:
                     f"{med['EasyDeL'] / med[impl]:.2f}x",
                     common.fmt_seconds(first),
                     rs[0]["sizes"][str(side)]["first_compiles"],
-                    f"{rel:.1e}" if impl == "EasyDeL" else "-",
+                    {"EasyDeL": f"{rel:.1e}", LADDER: f"{rel_ladder:.1e}"}.get(impl, "-"),
                 ]
             )
         records.append(
@@ -309,7 +315,9 @@ def main() -> None:
                 "grid_thw": [[1, side, side]],
                 "median_s": med,
                 "speedup_vs_easydel": med["EasyDeL"] / med["ours"],
+                "speedup_vs_easydel_ladder": med["EasyDeL"] / med[LADDER],
                 "rel_diff_easydel_vs_ours": rel,
+                "rel_diff_ladder_vs_ours": rel_ladder,
             }
         )
     if not args.stream_only:

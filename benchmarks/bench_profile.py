@@ -8,11 +8,13 @@ them) on the bucket of one [[1, s, s]] image (default s = 36: 1296 patches in th
 bucket of the Qwen2.5-VL-3B tower). Times are medians of --repeats calls. GFLOP/s count the
 bucket's rows (what the kernels compute), and "% peak" is against the same process's XLA dot
 peak of the mode (float32 dots for float32 and for bf16 without native bf16 dots, bf16
-operands with float32 accumulation otherwise) on [1536, 1280] x [1280, 5120].
+operands with float32 accumulation otherwise) on [1536, 1280] x [1280, 5120]. The bf16 pieces
+run what the encoder runs on this CPU: native bf16 dots only with avx512_bf16 / AMX.
 
 Parts (--parts, comma-separated):
   pieces   one layer's pieces (norm, qkv, rotary, window / segment attention core, proj, the
-           SwiGLU's three dots and its elementwise work, whole blocks), the real forward
+           MLP's dots (SwiGLU: gate / up / down; Qwen2-VL / Qwen3-VL: fc1 / fc2) and its
+           elementwise work, whole blocks), the real forward
            (VisionEncoder on the bench_forward checkpoint, if built) and the sum of pieces
   dots     XLA dot GFLOP/s on the tower's shapes, modes float32 / bf16 in f32 acc / bf16 -> bf16
   mlp_pad  the SwiGLU with its intermediate size zero-padded (3420 -> 3456 / 3584 / 4096):
@@ -64,13 +66,14 @@ def _setup(p: dict):
     import jax
 
     from qwen_vit_jax import plan as planlib
-    from qwen_vit_jax.model.numerics import Numerics
+    from qwen_vit_jax.model.numerics import Numerics, has_native_bf16
     from qwen_vit_jax.presets import PRESETS
 
     cfg = PRESETS[p.get("variant", VARIANT)]
     policy = planlib.BucketPolicy(tight=p.get("tight", False))  # tight: a declared size's bucket
     plan = jax.device_put(planlib.make_plans([[1, p["side"], p["side"]]], cfg, policy)[0])
-    num = Numerics(p["dtype"], native_bf16=p.get("native_bf16", True), tile_loops=p.get("tile_loops", True))
+    native = p.get("native_bf16", has_native_bf16(jax.devices()[0]))  # default: what the encoder runs here
+    num = Numerics(p["dtype"], native_bf16=native, tile_loops=p.get("tile_loops", True))
     return cfg, plan, num
 
 
@@ -144,6 +147,46 @@ def _own_mode(num) -> str:
     return "bf16_f32acc" if num.dtype == "bfloat16" and num.native_bf16 else "float32"
 
 
+def _swiglu_pieces(blk, state, x, hid, n: int, d: int, i: int, depth: int) -> dict:
+    """pieces_worker's MLP rows for a SwiGLU tower (Qwen2.5-VL): gate, up, down, act * up, whole."""
+    import jax
+
+    return {
+        f"MLP gate dot [N,{d}]x[{d},{i}]": (
+            jax.jit(lambda st, x: blk(st).mlp.gate(x)),
+            (state, x),
+            2 * n * d * i,
+            depth,
+        ),
+        f"MLP up dot [N,{d}]x[{d},{i}]": (jax.jit(lambda st, x: blk(st).mlp.up(x)), (state, x), 2 * n * d * i, depth),
+        f"MLP down dot [N,{i}]x[{i},{d}]": (
+            jax.jit(lambda st, h: blk(st).mlp.down(h)),
+            (state, hid),
+            2 * n * d * i,
+            depth,
+        ),
+        "MLP act * up (elementwise)": (jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b), (state, hid, hid), 0, depth),
+        "SwiGLU whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 3 * 2 * n * d * i, 0),
+    }
+
+
+def _mlp_pieces(blk, state, x, hid, n: int, d: int, i: int, depth: int) -> dict:
+    """pieces_worker's MLP rows for a plain MLP tower (Qwen2-VL, Qwen3-VL): fc1, act, fc2, whole."""
+    import jax
+
+    return {
+        f"MLP fc1 dot [N,{d}]x[{d},{i}]": (jax.jit(lambda st, x: blk(st).mlp.fc1(x)), (state, x), 2 * n * d * i, depth),
+        f"MLP fc2 dot [N,{i}]x[{i},{d}]": (
+            jax.jit(lambda st, h: blk(st).mlp.fc2(h)),
+            (state, hid),
+            2 * n * d * i,
+            depth,
+        ),
+        "MLP act (elementwise)": (jax.jit(lambda st, a: blk(st).mlp.act(a)), (state, hid), 0, depth),
+        "MLP whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 2 * 2 * n * d * i, 0),
+    }
+
+
 # ---- workers ---------------------------------------------------------------------------------
 def pieces_worker(p: dict) -> dict:
     """One layer's pieces, whole blocks, and the real forward, for one Numerics."""
@@ -169,9 +212,29 @@ def pieces_worker(p: dict) -> dict:
 
     win_slots, s = plan.window_tokens.shape
     seg_flops = 4 * d * bucket.tiles * bucket.block * bucket.key_rows  # every tile: [B, Dh] x [Dh, K] x 2 per head
+    full = sum(cfg.full_attention_layers)  # blocks with full (per-frame) attention; the rest: windows
+    windowed = {  # towers with window attention only (Qwen2.5-VL)
+        "window attention core": (
+            jax.jit(lambda q, k, v: window_attention(q, k, v, plan, num)),
+            (q, k, v),
+            4 * win_slots * s * s * d,
+            cfg.depth - full,
+        ),
+        "block, window attention": (
+            jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=False)),
+            (state, x),
+            0,
+            0,
+        ),
+    }
     pieces = {  # name -> (fn, args, FLOPs computed on the bucket, count per forward)
-        "norm (RMSNorm)": (jax.jit(lambda st, x: blk(st).norm1(x)), (state, x), 0, 2 * cfg.depth),
-        "qkv dot [N,1280]x[1280,3840]": (
+        f"norm ({'RMSNorm' if cfg.norm == 'rmsnorm' else 'LayerNorm'})": (
+            jax.jit(lambda st, x: blk(st).norm1(x)),
+            (state, x),
+            0,
+            2 * cfg.depth,
+        ),
+        f"qkv dot [N,{d}]x[{d},{3 * d}]": (
             jax.jit(lambda st, x: blk(st).attn.qkv(x)),
             (state, x),
             2 * n * d * 3 * d,
@@ -185,55 +248,20 @@ def pieces_worker(p: dict) -> dict:
             0,
             cfg.depth,
         ),
-        "window attention core": (
-            jax.jit(lambda q, k, v: window_attention(q, k, v, plan, num)),
-            (q, k, v),
-            4 * win_slots * s * s * d,
-            cfg.depth - len(cfg.fullatt_block_indexes),
-        ),
         "segment attention core": (
             jax.jit(lambda q, k, v: segment_attention(q, k, v, plan, num)),
             (q, k, v),
             seg_flops,
-            len(cfg.fullatt_block_indexes),
+            full,
         ),
-        "proj dot [N,1280]x[1280,1280]": (
+        f"proj dot [N,{d}]x[{d},{d}]": (
             jax.jit(lambda st, x: blk(st).attn.proj(x)),
             (state, x),
             2 * n * d * d,
             cfg.depth,
         ),
-        "MLP gate dot [N,1280]x[1280,3420]": (
-            jax.jit(lambda st, x: blk(st).mlp.gate(x)),
-            (state, x),
-            2 * n * d * i,
-            cfg.depth,
-        ),
-        "MLP up dot [N,1280]x[1280,3420]": (
-            jax.jit(lambda st, x: blk(st).mlp.up(x)),
-            (state, x),
-            2 * n * d * i,
-            cfg.depth,
-        ),
-        "MLP down dot [N,3420]x[3420,1280]": (
-            jax.jit(lambda st, h: blk(st).mlp.down(h)),
-            (state, hid),
-            2 * n * d * i,
-            cfg.depth,
-        ),
-        "MLP act * up (elementwise)": (
-            jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b),
-            (state, hid, hid),
-            0,
-            cfg.depth,
-        ),
-        "SwiGLU whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 3 * 2 * n * d * i, 0),
-        "block, window attention": (
-            jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=False)),
-            (state, x),
-            0,
-            0,
-        ),
+        **(_swiglu_pieces if cfg.mlp == "swiglu" else _mlp_pieces)(blk, state, x, hid, n, d, i, cfg.depth),
+        **(windowed if full < cfg.depth else {}),
         "block, full attention": (
             jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=True)),
             (state, x),
