@@ -72,7 +72,9 @@ def test_every_dot_in_the_compute_dtype_accumulating_in_float32(traced):
 def test_dot_and_transpose_counts(traced):
     """Per call of the 1536-row bucket: the dots (patch embedding, per block qkv / attention tiles
     / proj / 3 SwiGLU matrices, the merger) and the transposes of anything weight-sized. The
-    numbers of the fast version; a change must justify a new number with a benchmark."""
+    numbers of the fast version; a change must justify a new number with a benchmark. (958bdcf's
+    tile loops, each head's strided columns rotated inside the loop, give 32 activation
+    transposes: the one structural difference from today's head-major slabs, in both dtypes.)"""
     dtype, t = traced
     rows = _bucket().patches * CFG.width  # an activation [N, D]: q, k, v, a block's input
     counts = Counter()
