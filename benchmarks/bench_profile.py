@@ -147,44 +147,25 @@ def _own_mode(num) -> str:
     return "bf16_f32acc" if num.dtype == "bfloat16" and num.native_bf16 else "float32"
 
 
-def _swiglu_pieces(blk, state, x, hid, n: int, d: int, i: int, depth: int) -> dict:
-    """pieces_worker's MLP rows for a SwiGLU tower (Qwen2.5-VL): gate, up, down, act * up, whole."""
+def _mlp_pieces(blk, state, x, hid, n: int, d: int, i: int, depth: int, swiglu: bool) -> dict:
+    """pieces_worker's MLP rows: its dots (SwiGLU, Qwen2.5-VL: gate, up, down; plain MLP, Qwen2-VL /
+    Qwen3-VL: fc1, fc2), its elementwise work and the whole MLP."""
     import jax
 
-    return {
-        f"MLP gate dot [N,{d}]x[{d},{i}]": (
-            jax.jit(lambda st, x: blk(st).mlp.gate(x)),
-            (state, x),
-            2 * n * d * i,
-            depth,
-        ),
-        f"MLP up dot [N,{d}]x[{d},{i}]": (jax.jit(lambda st, x: blk(st).mlp.up(x)), (state, x), 2 * n * d * i, depth),
-        f"MLP down dot [N,{i}]x[{i},{d}]": (
-            jax.jit(lambda st, h: blk(st).mlp.down(h)),
-            (state, hid),
-            2 * n * d * i,
-            depth,
-        ),
-        "MLP act * up (elementwise)": (jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b), (state, hid, hid), 0, depth),
-        "SwiGLU whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 3 * 2 * n * d * i, 0),
-    }
+    def dot(name: str, arg, din: int, dout: int):  # one [N, din] x [din, dout] matrix of the MLP
+        fn = jax.jit(lambda st, a: getattr(blk(st).mlp, name)(a))
+        return f"MLP {name} dot [N,{din}]x[{din},{dout}]", (fn, (state, arg), 2 * n * d * i, depth)
 
-
-def _mlp_pieces(blk, state, x, hid, n: int, d: int, i: int, depth: int) -> dict:
-    """pieces_worker's MLP rows for a plain MLP tower (Qwen2-VL, Qwen3-VL): fc1, act, fc2, whole."""
-    import jax
-
-    return {
-        f"MLP fc1 dot [N,{d}]x[{d},{i}]": (jax.jit(lambda st, x: blk(st).mlp.fc1(x)), (state, x), 2 * n * d * i, depth),
-        f"MLP fc2 dot [N,{i}]x[{i},{d}]": (
-            jax.jit(lambda st, h: blk(st).mlp.fc2(h)),
-            (state, hid),
-            2 * n * d * i,
-            depth,
-        ),
-        "MLP act (elementwise)": (jax.jit(lambda st, a: blk(st).mlp.act(a)), (state, hid), 0, depth),
-        "MLP whole": (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), 2 * 2 * n * d * i, 0),
-    }
+    ins, out = (("gate", "up"), "down") if swiglu else (("fc1",), "fc2")
+    pieces = dict([*(dot(name, x, d, i) for name in ins), dot(out, hid, i, d)])
+    if swiglu:
+        act = (jax.jit(lambda st, a, b: blk(st).mlp.act(a) * b), (state, hid, hid), 0, depth)
+        pieces["MLP act * up (elementwise)"] = act
+    else:
+        pieces["MLP act (elementwise)"] = (jax.jit(lambda st, a: blk(st).mlp.act(a)), (state, hid), 0, depth)
+    whole = (jax.jit(lambda st, x: blk(st).mlp(x)), (state, x), (len(ins) + 1) * 2 * n * d * i, 0)
+    pieces["SwiGLU whole" if swiglu else "MLP whole"] = whole
+    return pieces
 
 
 # ---- workers ---------------------------------------------------------------------------------
@@ -260,7 +241,7 @@ def pieces_worker(p: dict) -> dict:
             2 * n * d * d,
             cfg.depth,
         ),
-        **(_swiglu_pieces if cfg.mlp == "swiglu" else _mlp_pieces)(blk, state, x, hid, n, d, i, cfg.depth),
+        **_mlp_pieces(blk, state, x, hid, n, d, i, cfg.depth, swiglu=cfg.mlp == "swiglu"),
         **(windowed if full < cfg.depth else {}),
         "block, full attention": (
             jax.jit(lambda st, x: blk(st)(x, cos, sin, plan, full=True)),
