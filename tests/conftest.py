@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 
 # JAX's own backend is the CPU, even where the accel extra installed the TPU and CUDA compilers
@@ -32,6 +33,13 @@ import pytest
 from PIL import Image
 
 from qwen_vit_jax.tools.demo import TINY
+
+# The CLIs the tests start and then Ctrl-C must start as a terminal's foreground job does. A suite
+# started as a background job (`pytest &`) has SIGINT ignored, every child inherits that, and a CLI
+# started so rightly keeps ignoring it (test_feed's and test_interrupts' SIGINT cases then hang).
+# A handler here is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -262,13 +262,9 @@ def test_cli_output_is_the_same_file_for_any_worker_count(tiny_dirs, folder, tmp
 
 # A CLI run that pauses at its second batch until `FLAG` exists (then goes on), marked in its environment.
 PAUSING = r"""
-import os, signal, sys, time
+import os, sys, time
 from qwen_vit_jax.runtime import encoder
 from qwen_vit_jax.tools import cli
-
-# A terminal's foreground job: Ctrl-C raises KeyboardInterrupt. (A suite started as a background
-# job, `pytest &`, hands its children SIGINT ignored, and a CLI started so rightly keeps ignoring it.)
-signal.signal(signal.SIGINT, signal.default_int_handler)
 
 real, calls = encoder.VisionEncoder.encode, []
 def encode(self, *args, **kwargs):
