@@ -385,10 +385,11 @@ def u16_forward_worker(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax.model.vit import from_bits, layer_schedule, rotary_cos_sin
+    from qwen_vit_jax.plan import as_grid
 
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
     g = np.array([[1, p["side"], p["side"]]])
-    plans, pixels = enc._prepare(common.random_pixels(g, enc.cfg.patch_dim), g)
+    plans, pixels = enc._prepare(common.random_pixels(g, enc.cfg.patch_dim), as_grid(g, enc.cfg))
     px, plan = jax.device_put((pixels[0], plans[0]), enc.device)
     blocks_gd, bits = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
     stacks = jax.tree.map(from_bits, bits)  # the whole bf16 stacks, as the encoder held them before as_bits
