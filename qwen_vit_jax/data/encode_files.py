@@ -187,12 +187,14 @@ def encode_files(
                 print(f"{item.note}, prepared in {item.seconds:.1f} s", file=sys.stderr, flush=True)
             rows.add(item)
             seen += 1
-            progress.update_to(seen + len(failed) - len(rows.pending))  # failures count as processed
+            progress.total = len(inputs) - len(failed)  # an input that failed is never shown as done
+            progress.update_to(seen - len(rows.pending))
             if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
                 sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
         rows.flush()
-        progress.update_to(seen + len(failed))
+        progress.total = len(inputs) - (len(failed) if keep_going else 0)  # skipped: out of the count
+        progress.update_to(seen)
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
         if rows.names:

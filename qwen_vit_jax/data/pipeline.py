@@ -118,7 +118,7 @@ class Prepare:
         if isinstance(source, bytes):
             digest = hashlib.sha256(source).hexdigest()
             draft = draft_size(source, self.config, self.variant) if self.fast_decode else None
-            source = load_image(source, draft_to=draft)
+            source = load_image(source, draft_to=draft, name=name)
         else:
             digest = _pixels_digest(source)
         rows, grid = image_patches(source, self.config, self.variant, name)
