@@ -91,7 +91,7 @@ def test_unidentified_image_names_its_file(tmp_path):
         msg = str(e.value)
         assert "notes.jpg is not an image file Pillow can read" in msg and "b'hello, not a pho'" in msg, msg
         assert "BytesIO" not in msg and " at 0x" not in msg
-    with pytest.raises(UnidentifiedImageError, match="these bytes is not an image file"):
+    with pytest.raises(UnidentifiedImageError, match="the input is not an image file"):
         load_image(b"GIF? no")  # bytes with no name
 
 

@@ -94,7 +94,7 @@ def load_image(source, *, draft_to: tuple[int, int] | None = None, name: str | N
     try:
         opened = Image.open(_file(source))
     except UnidentifiedImageError:
-        what = name or (os.fspath(source) if isinstance(source, (str, os.PathLike)) else "these bytes")
+        what = name or (os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the input")
         head = bytes(source[:16]) if isinstance(source, (bytes, bytearray, memoryview)) else _head(source)
         raise UnidentifiedImageError(f"{what} is not an image file Pillow can read (it starts {head!r})") from None
     with opened as im:

@@ -75,7 +75,8 @@ def add_parser(sub, fmt) -> None:
     g.add_argument("--num-frames", type=int, metavar="N", help="or N frames spread over each video")
     g.add_argument("--max-frames", type=int, metavar="N", help="at most N frames per video")
     g.add_argument("--fast-decode", action="store_true", help="JPEGs decoded at 1/2..1/8 scale (not HF pixels)")
-    g.add_argument("--workers", type=int, metavar="N", help="worker processes (0: none; default: automatic)")
+    small = f"0 under {SMALL_RUN} inputs"
+    g.add_argument("--workers", type=int, metavar="N", help=f"input-preparing processes ({small})")
     g = p.add_argument_group("compute")
     add_dtype(g)
     g.add_argument("--batch-patches", type=int, metavar="N", help="patches per forward call (16384 per device)")
