@@ -129,16 +129,19 @@ def test_compile_cache_on_by_default(capsys, tmp_path, tiny_dirs, monkeypatch, j
     cache = tmp_path / "user_cache" / "jax"
     args = ["encode", str(tiny_dirs[1]), str(tmp_path / "a.png"), "-o", str(tmp_path / "e.npz"), "--overwrite"]
 
-    def encode():
+    def encode() -> str:
         cmd = [sys.executable, "-m", "qwen_vit_jax.tools.cli", *args]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert p.returncode == 0, p.stderr
+        return p.stdout
 
-    encode()
+    assert "loaded from the compile cache" not in encode()
     first = _cached_programs(cache)
     assert first, f"nothing stored in {cache}"
-    encode()
-    assert _cached_programs(cache) == first  # the second run compiled nothing
+    loaded = r"(\d+) program\(s\) compiled in [\d.]+ s, (\d+) of them loaded from the compile cache"
+    second = re.search(loaded, encode())
+    assert second and second[1] == second[2]  # the second run compiled nothing: it loaded every program
+    assert _cached_programs(cache) == first
     assert not (tmp_path / "xdg").exists()
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     monkeypatch.setenv("QWEN_VIT_JAX_CACHE", str(tmp_path / "off"))

@@ -84,6 +84,21 @@ def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--overwrite", action="store_true", help=f"replace an earlier {what}")
 
 
+_loaded = [0]  # programs this process loaded from the persistent compilation cache (`cache_loads`)
+_listening: list[bool] = []  # whether `_count_loads` listens to JAX's events
+
+
+def _count_loads(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _loaded[0] += 1
+
+
+def cache_loads() -> int:
+    """Programs this process has loaded from the persistent compilation cache (instead of compiling
+    them) since `load_encoder` switched it on: JAX's own monitoring event, counted."""
+    return _loaded[0]
+
+
 def load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
     """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
     them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id.
@@ -98,6 +113,10 @@ def load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
             enable_compilation_cache(compile_cache)
         except OSError as e:  # a file where the folder should be stays a ValueError: a usage error
             print(f"warning: compiled programs are not kept: {compile_cache}: {e.strerror or e}", file=sys.stderr)
+        else:
+            if not _listening:  # once, however many encoders
+                jax.monitoring.register_event_listener(_count_loads)
+                _listening.append(True)
     devices = jax.local_devices()
     return VisionEncoder.from_pretrained(checkpoint, dtype=dtype, devices=devices if len(devices) > 1 else None)
 

@@ -23,6 +23,7 @@ from qwen_vit_jax.tools.args import (
     add_compile_cache,
     add_dtype,
     add_overwrite,
+    cache_loads,
     compile_cache_dir,
     load_encoder,
 )
@@ -187,6 +188,7 @@ def command(args) -> int:
             file=sys.stderr,
         )
     workers = choose_workers(asked, len(todo), default_workers())
+    loads = cache_loads()
     # With several processes an unreadable input is skipped, as with --keep-going: every process must
     # reach the end, where the shards are indexed together.
     r = encode_files(
@@ -209,7 +211,8 @@ def command(args) -> int:
         f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
         f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
         f"{count(workers, 'worker')}, {r.seconds_waiting / max(r.seconds, 1e-9):.0%} of it waiting for inputs; "
-        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
+        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s"
+        f"{_loaded_note(cache_loads() - loads)}) -> {target} "
         f"({count(len(sink.done) + len(r.names), 'input')})"
     )
     print(
@@ -230,6 +233,11 @@ def command(args) -> int:
             f"{target} holds the others: fix or remove them and rerun with --resume"
         )
     return 0
+
+
+def _loaded_note(n: int) -> str:
+    """How many of the programs came from the compile cache (a second run of a command: all)."""
+    return f", {n} of them loaded from the compile cache" if n else ""
 
 
 def cores() -> int:
