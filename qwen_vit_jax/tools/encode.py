@@ -28,9 +28,10 @@ from qwen_vit_jax.tools.args import (
     load_encoder,
 )
 
-# Below this many inputs a run prepares them in this process (a background thread) instead of
-# starting worker processes: measured with whole `encode` runs of 1, 13 and 240 photos
-# (benchmarks/RESULTS.md, "The host path and workers").
+# Below this many inputs the default prepares them in this process (a background thread) instead of
+# starting worker processes: a worker's start-up (Python, then Grain, which imports jax) outweighs the
+# preprocessing a few dozen photos would move off this process. Whole `encode` runs of 1, 13 and 240
+# photos, --workers 0 vs the default: benchmarks/RESULTS.md, "The host path and workers".
 SMALL_RUN = 32
 
 
