@@ -354,7 +354,10 @@ def hf_tower(model):
     itself when it is a tower."""
     if hasattr(model, "thinker"):
         model = model.thinker
-    return model.model.visual if hasattr(model, "model") else model
+    if hasattr(model, "visual"):  # a thinker (its `model` is the text model up to transformers 5.17)
+        return model.visual
+    inner = getattr(model, "model", None)
+    return inner.visual if hasattr(inner, "visual") else model
 
 
 def reinit_(module, seed: int) -> None:
