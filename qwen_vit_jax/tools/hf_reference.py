@@ -395,6 +395,11 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
     reinit_(hf_tower(model), seed)
     if cfg.variant == PADDLEOCR_VL:  # our merger is HF's projector, beside the tower
         reinit_(model.model.projector, seed + 1)
+        # transformers before 5.23 resampled the position table with align_corners=True; 5.23 changed
+        # it to False, the resampling we follow: an older reference is set as 5.23 builds it.
+        for m in model.modules():
+            if getattr(m, "interpolation_align_corners", False):
+                m.interpolation_align_corners = False
     return model
 
 
