@@ -39,7 +39,7 @@ class Numerics:
     added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
     take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
     is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
-    call (801 MiB of temp memory and traffic on the 3B tower: docs/accelerators.md).
+    call (the temp memory it cost: benchmarks/RESULTS.md, "Deviceless accelerators").
     """
 
     dtype: str = "float32"

@@ -33,9 +33,9 @@ _NO_POS_WEIGHT.setflags(write=False)
 class BufferPool:
     """Recycled memory for the buffers of large plans.
 
-    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault (~2.5 us
-    each on a small VM: ~2 ms of a 3 ms plan for a jittered 130k-patch request, against a 1 ms
-    target; benchmarks/bench_plan.py). The pool keeps up to `max_bytes` of power-of-two blocks and
+    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault, most of an
+    uncached plan's time for a jittered 130k-patch request on a small VM (benchmarks/bench_plan.py;
+    benchmarks/history.md, "Host index work"). The pool keeps up to `max_bytes` of power-of-two blocks and
     hands a block out again once nothing references the array made from it, so a long-running
     process builds new plans (cache misses and evictions) into pages it has touched before.
 
