@@ -49,6 +49,8 @@ _EXPORTS = {
     "preprocess_paddleocr_images": "preprocess.images",
     "preprocess_glm4v_images": "preprocess.images",
     "preprocess_video": "preprocess.video",
+    "splice": "prompt.splice",
+    "expand_placeholders": "prompt.expand",
 }
 __all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"
