@@ -14,6 +14,7 @@ import pytest
 
 from qwen_vit_jax import presets
 from qwen_vit_jax.prompt import config as pc
+from qwen_vit_jax.prompt import positions as pos
 from qwen_vit_jax.prompt.config import PromptConfig, prompt_config, token_types
 from qwen_vit_jax.tools.hf_reference import hf_config
 
@@ -131,3 +132,244 @@ def test_token_types_equal_hf_processor(family, tmp_path):
     rng = np.random.default_rng(0)
     ids = rng.integers(85, 100, size=(4, 64))
     np.testing.assert_array_equal(token_types(cfg, ids), _hf_types(family, cfg, ids))
+
+
+# ---- HF's get_rope_index on a stand-in ------------------------------------------------------------
+def _hf_model_class(family: str):
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    owner = "PreTrainedModelForConditionalGeneration" if family in pc.OMNI else "Model"
+    (cls,) = (
+        c
+        for name, c in vars(mod).items()
+        if isinstance(c, type) and name.endswith(owner) and "get_rope_index" in vars(c) and "Talker" not in name
+    )
+    return cls
+
+
+def hf_stand_in(family: str, d: dict):
+    """An object HF's get_rope_index runs on: HF's own config object of `d`, the helper methods."""
+    from qwen_vit_jax.tools.hf_reference import _hf_classes
+
+    hf_cfg = _hf_classes(family)[0].from_dict(d)
+    if family in pc.OMNI:
+        hf_cfg = hf_cfg.thinker_config
+    cls = _hf_model_class(family)
+    me = types.SimpleNamespace(config=hf_cfg, spatial_merge_size=hf_cfg.vision_config.spatial_merge_size)
+    for name in ("get_vision_position_ids", "get_llm_pos_ids_for_vision", "get_chunked_index"):
+        if hasattr(cls, name):
+            setattr(me, name, types.MethodType(getattr(cls, name), me))
+    return cls, me
+
+
+def hf_rope_index(family, stand_in, ids, mask, types_, images, videos, spgt, audio_seqlens, aiv):
+    import torch
+
+    cls, me = stand_in
+
+    def t(x, dtype=torch.long):
+        return None if x is None else torch.as_tensor(np.asarray(x), dtype=dtype)
+
+    with torch.no_grad():
+        if family in pc.OMNI:
+            pos, deltas = cls.get_rope_index(
+                me, t(ids), t(images), t(videos), t(mask), aiv, t(audio_seqlens), t(spgt, torch.float32)
+            )
+        else:
+            kw = {"second_per_grid_ts": t(spgt, torch.float32)} if family == "qwen2_5_vl" else {}
+            pos, deltas = cls.get_rope_index(
+                me,
+                t(ids),
+                mm_token_type_ids=t(types_, torch.int32),
+                image_grid_thw=t(images),
+                video_grid_thw=t(videos),
+                attention_mask=t(mask),
+                **kw,
+            )
+    return pos.numpy(), deltas.numpy()
+
+
+# ---- random prompts, laid out as each family's processor lays them out ----------------------------
+def _text(rng, lo=0, hi=4):
+    return list(rng.integers(1, 80, int(rng.integers(lo, hi + 1))))
+
+
+def _grid(rng, t_max=1):
+    return [int(rng.integers(1, t_max + 1)), 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))]
+
+
+def _aiv_layout(family, cfg, thw, s, n_audio):
+    """The video / audio token order of a video with its audio track (the Omni processors')."""
+    hw = thw[1] * thw[2] // 4
+    tv = [
+        np.float32(np.float32(np.float32(k) * np.float32(s)) * np.float32(cfg.position_id_per_seconds))
+        for k in range(thw[0])
+    ]
+    vt = [int(tv[i // hw]) for i in range(thw[0] * hw)]
+    v, a = cfg.video_token_id, cfg.audio_token_id
+    if family == "qwen3_omni_moe":
+        out, i, j = [], 0, 0
+        while i < len(vt) and j < n_audio:
+            if vt[i] <= j:
+                out.append(v)
+                i += 1
+            else:
+                out.append(a)
+                j += 1
+        return out + [v] * (len(vt) - i) + [a] * (n_audio - j)
+
+    def chunks(vals):
+        tpc = int(cfg.position_id_per_seconds * cfg.seconds_per_chunk)
+        ends, c = [], 1
+        for i, x in enumerate(vals):
+            if x >= c * tpc:
+                ends.append(i)
+                c += 1
+        sizes = np.diff([0, *ends, len(vals)])
+        return list(sizes)
+
+    vs, as_ = chunks(vt), chunks(list(range(n_audio)))
+    out = []
+    for j in range(max(len(vs), len(as_))):
+        out += [v] * (vs[j] if j < len(vs) else 0) + [a] * (as_[j] if j < len(as_) else 0)
+    return out
+
+
+def random_row(family, cfg, rng, n_items, aiv=False):
+    """One prompt: (ids, image grids, video grids, seconds per grid, audio seqlens)."""
+    ids, images, videos, spgt, audios = _text(rng), [], [], [], []
+    kinds = ["image"] + ([] if family == "paddleocr_vl" else ["video"]) + (["audio"] if family in pc.OMNI else [])
+    vs, ve, im, vi = cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.image_token_id, cfg.video_token_id
+    for _ in range(n_items):
+        kind = kinds[int(rng.integers(len(kinds)))]
+        if kind == "image":
+            g = _grid(rng)
+            images.append(g)
+            start, end = (cfg.image_start_token_id, cfg.image_end_token_id) if family in pc.GLM else (vs, ve)
+            ids += [start] + [im] * (g[1] * g[2] // 4) + [end]
+        elif kind == "audio":
+            n = int(rng.integers(3, 60))
+            audios.append(n)
+            ids += (
+                [cfg.audio_start_token_id]
+                + [cfg.audio_token_id] * int(pos.audio_tokens(cfg, [n])[0])
+                + [cfg.audio_end_token_id]
+            )
+        else:
+            g = _grid(rng, t_max=3)
+            videos.append(g)
+            s = float(rng.choice([1.0, 2.0] if family == "qwen3_omni_moe" else [0.5, 1.0, 1 / 3, 2 / 3, 1.5, 2.0]))
+            spgt.append(s)
+            hw = g[1] * g[2] // 4
+            if aiv:
+                n = int(rng.integers(3, 120))
+                audios.append(n)
+                layout = _aiv_layout(family, cfg, g, s, int(pos.audio_tokens(cfg, [n])[0]))
+                ids += [vs, cfg.audio_start_token_id] + layout + [cfg.audio_end_token_id, ve]
+            elif family in pc.GLM:  # per frame: <image_start> tokens <image_end> then its timestamp text
+                ids.append(cfg.video_start_token_id)
+                for _ in range(g[0]):
+                    ids += [cfg.image_start_token_id] + [im] * hw + [cfg.image_end_token_id] + _text(rng, 1, 2)
+                ids.append(cfg.video_end_token_id)
+            elif cfg.rules.split_frames:  # per frame: timestamp text, <vision_start> tokens <vision_end>
+                for _ in range(g[0]):
+                    ids += _text(rng, 1, 3) + [vs] + [vi] * hw + [ve]
+            else:
+                ids += [vs] + [vi] * (g[0] * hw) + [ve]
+        ids += _text(rng)
+    if not ids:
+        ids = _text(rng, 1, 3)
+    return ids, images, videos, spgt, audios
+
+
+def random_batch(family, cfg, seed, rows=3, aiv=False):
+    rng = np.random.default_rng(seed)
+    got = [random_row(family, cfg, rng, int(rng.integers(0, 4)), aiv) for _ in range(rows)]
+    width = max(len(r[0]) for r in got) + int(rng.integers(0, 3))
+    left = bool(rng.integers(2))
+    ids = np.zeros((rows, width), np.int64)
+    mask = np.zeros((rows, width), np.int64)
+    for b, r in enumerate(got):
+        n = len(r[0])
+        sl = slice(width - n, width) if left else slice(0, n)
+        ids[b, sl], mask[b, sl] = r[0], 1
+    cat = lambda i: sum((r[i] for r in got), [])  # noqa: E731
+    images, videos = cat(1), cat(2)
+    return dict(
+        ids=ids,
+        mask=mask,
+        images=np.array(images, np.int64).reshape(-1, 3) if images else None,
+        videos=np.array(videos, np.int64).reshape(-1, 3) if videos else None,
+        spgt=np.array(cat(3), np.float32) if videos else None,
+        audios=np.array(cat(4), np.int64) if cat(4) else None,
+    )
+
+
+def _ours(cfg, batch, aiv=False, types_=None):
+    return pos.rope_index(
+        cfg,
+        batch["ids"],
+        mm_token_type_ids=types_,
+        image_grid_thw=batch["images"],
+        video_grid_thw=batch["videos"],
+        second_per_grid_ts=batch["spgt"],
+        attention_mask=batch["mask"],
+        audio_seqlens=batch["audios"],
+        use_audio_in_video=aiv,
+    )
+
+
+@pytest.fixture(scope="module")
+def family_setup(tmp_path_factory):
+    out = {}
+
+    def get(family):
+        if family not in out:
+            d = config_dict(family)
+            path = tmp_path_factory.mktemp(family) / "config.json"
+            path.write_text(json.dumps(d))
+            out[family] = prompt_config(path), hf_stand_in(family, d)
+        return out[family]
+
+    return get
+
+
+def _compare(family, cfg, stand_in, batch, aiv=False):
+    types_ = token_types(cfg, batch["ids"])
+    p, dl = _ours(cfg, batch, aiv)
+    hp, hd = hf_rope_index(
+        family,
+        stand_in,
+        batch["ids"],
+        batch["mask"],
+        types_,
+        batch["images"],
+        batch["videos"],
+        batch["spgt"],
+        batch["audios"],
+        aiv,
+    )
+    assert p.dtype == np.int64 and p.shape == (3, *batch["ids"].shape) and dl.shape == (len(p[0]), 1)
+    np.testing.assert_array_equal(p, hp)
+    np.testing.assert_array_equal(dl, hd)
+    if family not in pc.OMNI:  # the same with the processor's types passed in
+        p2, d2 = _ours(cfg, batch, aiv, types_=types_)
+        np.testing.assert_array_equal(p2, hp)
+        np.testing.assert_array_equal(d2, hd)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rope_index_equals_hf(family, family_setup):
+    cfg, stand_in = family_setup(family)
+    for seed in range(25):
+        batch = random_batch(family, cfg, seed)
+        _compare(family, cfg, stand_in, batch)
+
+
+@pytest.mark.parametrize("family", pc.OMNI)
+def test_rope_index_audio_in_video_equals_hf(family, family_setup):
+    cfg, stand_in = family_setup(family)
+    for seed in range(25):
+        batch = random_batch(family, cfg, 1000 + seed, aiv=True)
+        _compare(family, cfg, stand_in, batch, aiv=True)
