@@ -373,3 +373,182 @@ def test_rope_index_audio_in_video_equals_hf(family, family_setup):
     for seed in range(25):
         batch = random_batch(family, cfg, 1000 + seed, aiv=True)
         _compare(family, cfg, stand_in, batch, aiv=True)
+
+
+@pytest.mark.parametrize("family", pc.OMNI)
+def test_omni_text_only_branch_equals_hf(family, family_setup):
+    """No image and no video grid: HF's thinkers take their text-only branch (padding 1)."""
+    cfg, stand_in = family_setup(family)
+    rng = np.random.default_rng(5)
+    ids = rng.integers(1, 80, (3, 9))
+    mask = np.ones((3, 9), np.int64)
+    mask[0, :4] = 0  # left padding
+    mask[1, :8] = 0  # one real token: HF's delta quirk (its padding 1 is the row's largest position)
+    p, d = pos.rope_index(cfg, ids, attention_mask=mask)
+    hp, hd = hf_rope_index(family, stand_in, ids, mask, None, None, None, None, None, False)
+    np.testing.assert_array_equal(p, hp)
+    np.testing.assert_array_equal(d, hd)
+
+
+def test_qwen3_omni_fractional_time_raises(family_setup):
+    """HF's Qwen3-Omni keeps k * s * position_id_per_seconds as floats (13 * 0.5 = 6.5): not int64."""
+    family = "qwen3_omni_moe"
+    cfg, stand_in = family_setup(family)
+    v = [2, 2, 2]
+    ids = np.array([[1, cfg.vision_start_token_id] + [cfg.video_token_id] * 2 + [cfg.vision_end_token_id, 3]])
+    hp, _ = hf_rope_index(family, stand_in, ids, np.ones_like(ids), None, None, [v], [0.5], None, False)
+    assert hp[0, 0, 3] == 2 + 6.5  # HF's own value
+    with pytest.raises(ValueError, match="row 0: video 0 frame 1: .* fractional"):
+        pos.rope_index(cfg, ids, video_grid_thw=[v], second_per_grid_ts=[0.5])
+    p, _ = pos.rope_index(cfg, ids, video_grid_thw=[v], second_per_grid_ts=[1.0])
+    np.testing.assert_array_equal(
+        p, hf_rope_index(family, stand_in, ids, np.ones_like(ids), None, None, [v], [1.0], None, False)[0]
+    )
+
+
+# ---- decode positions vs HF's compute_3d_position_ids with a cache ---------------------------------
+def hf_decode(deltas, start, length, mask):
+    import torch
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    me = types.SimpleNamespace(rope_deltas=torch.as_tensor(deltas))
+    cache = types.SimpleNamespace(get_seq_length=lambda: start)
+    b = len(deltas) if mask is None else len(mask)
+    out = Qwen2_5_VLModel.compute_3d_position_ids(
+        me,
+        input_ids=None,
+        image_grid_thw=None,
+        video_grid_thw=None,
+        inputs_embeds=torch.zeros(b, length, 1),
+        attention_mask=None if mask is None else torch.as_tensor(mask),
+        cache=cache,
+    )
+    return out.numpy()
+
+
+def test_decode_positions_equal_hf():
+    rng = np.random.default_rng(0)
+    deltas = np.array([[-3], [0], [7]], np.int64)
+    for start, length in ((0, 5), (12, 1), (30, 4)):
+        np.testing.assert_array_equal(
+            pos.decode_positions(deltas, start, length), hf_decode(deltas, start, length, None)
+        )
+        mask = np.ones((3, start + length), np.int64)
+        mask[0, : rng.integers(0, start + 1)] = 0  # left padding
+        mask[2, start + length - 1] = 0 if length > 1 else 1  # a padded new token: HF writes 0 + delta there
+        ours = pos.decode_positions(deltas, start, length, mask)
+        np.testing.assert_array_equal(ours, hf_decode(deltas, start, length, mask)[:, :, start:])
+        beams = np.repeat(mask, 2, axis=0)  # two beams per row: each row's delta repeated
+        np.testing.assert_array_equal(
+            pos.decode_positions(deltas, start, length, beams), hf_decode(deltas, start, length, beams)[:, :, start:]
+        )
+    assert pos.decode_positions(deltas[:, 0], 4, 2).shape == (3, 3, 2)
+    with pytest.raises(ValueError, match=r"whole mask, \[B, start \+ length\]"):
+        pos.decode_positions(deltas, 4, 2, np.ones((3, 2)))
+    with pytest.raises(ValueError, match="not a multiple"):
+        pos.decode_positions(deltas, 4, 2, np.ones((4, 6), np.int64))
+
+
+def test_decode_continues_the_prompt(family_setup):
+    """A prompt's positions, then the decoded tokens': HF's generate() pieces, ours, agree end to end."""
+    cfg, _ = family_setup("qwen2_5_vl")
+    batch = random_batch("qwen2_5_vl", cfg, 3)
+    p, d = _ours(cfg, batch)
+    mask = np.concatenate([batch["mask"], np.ones((3, 2), np.int64)], axis=1)
+    nxt = pos.decode_positions(d, batch["ids"].shape[1], 2, mask)
+    assert (nxt[:, :, 0] == p.max(axis=(0, 2))[None] + 1).all()  # right after the prompt's largest position
+
+
+# ---- bad input: a ValueError naming the row and the item --------------------------------------------
+def _image_prompt(cfg, n_tokens, images=1):
+    row = [1, 2]
+    for _ in range(images):
+        row += [cfg.vision_start_token_id] + [cfg.image_token_id] * n_tokens + [cfg.vision_end_token_id, 3]
+    return np.array([row])
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(n=3), r"row 0: image 0 has a run of 3 placeholder tokens, its grid gives 4"),
+        (dict(images=2), r"row 0: image run 1 has no image_grid_thw entry left"),
+        (dict(grids=[[1, 4, 4], [1, 2, 2]]), r"image_grid_thw: 2 rows, the prompt has placeholder runs for 1"),
+        (dict(grids=[[1, 3, 4]]), r"image_grid_thw row 0: .* multiples of the merge size 2"),
+        (dict(mask=np.ones((1, 5))), r"attention_mask has shape \(1, 5\), input_ids \(1, 9\)"),
+        (dict(mask=np.full((1, 9), 2)), r"attention_mask row 0, column 0: 2"),
+        (dict(mask=np.zeros((1, 9), np.int64)), r"row 0: no unmasked token"),
+        (dict(spgt=[1.0, 2.0]), r"second_per_grid_ts has 2 entries for 0 videos"),
+        (dict(types=np.full((1, 9), 7)), r"row 0, column 0: mm_token_type_ids value 7"),
+        (dict(types=np.zeros((2, 9), np.int64)), r"mm_token_type_ids must be integers of the shape"),
+    ],
+)
+def test_rope_index_errors(kw, match, family_setup):
+    cfg, _ = family_setup("qwen2_5_vl")
+    ids = _image_prompt(cfg, kw.get("n", 4), kw.get("images", 1))
+    with pytest.raises(ValueError, match=match):
+        pos.rope_index(
+            cfg,
+            ids,
+            image_grid_thw=kw.get("grids", [[1, 4, 4]]),
+            attention_mask=kw.get("mask"),
+            second_per_grid_ts=kw.get("spgt"),
+            mm_token_type_ids=kw.get("types"),
+        )
+
+
+def test_rope_index_errors_videos_and_audio(family_setup):
+    cfg, _ = family_setup("qwen3_vl")
+    vs, ve, v = cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.video_token_id
+    one_frame = np.array([[1, vs, v, ve, 2]])
+    with pytest.raises(ValueError, match="video 0: the prompt has runs for 1 of its 2 frames"):
+        pos.rope_index(cfg, one_frame, video_grid_thw=[[2, 2, 2]])
+    two_frames_joined = np.array([[1, vs, v, v, ve, 2]])  # frames split by text in Qwen3-VL's prompts
+    with pytest.raises(ValueError, match="row 0: video 0 frame 0 has a run of 2 placeholder tokens, its grid gives 1"):
+        pos.rope_index(cfg, two_frames_joined, video_grid_thw=[[2, 2, 2]])
+    omni, _ = family_setup("qwen2_5_omni")
+    a, as_, ae = omni.audio_token_id, omni.audio_start_token_id, omni.audio_end_token_id
+    ids = np.array([[1, as_] + [a] * 3 + [ae]])
+    with pytest.raises(ValueError, match="row 0: audio 0 has 3 placeholder tokens, its audio_seqlens entry gives 2"):
+        pos.rope_index(omni, ids, image_grid_thw=np.zeros((0, 3), np.int64), audio_seqlens=[7])
+    with pytest.raises(ValueError, match="second_per_grid_ts is required"):
+        pos.rope_index(omni, ids, video_grid_thw=[[1, 2, 2]])
+    plain = np.array([[1, omni.vision_start_token_id, omni.video_token_id, omni.vision_end_token_id]])
+    with pytest.raises(ValueError, match="use_audio_in_video must follow <vision_start><audio_start>"):
+        pos.rope_index(
+            omni,
+            plain,
+            video_grid_thw=[[1, 2, 2]],
+            second_per_grid_ts=[1.0],
+            audio_seqlens=[7],
+            use_audio_in_video=True,
+        )
+    with pytest.raises(ValueError, match="qwen3_vl has no audio"):
+        pos.rope_index(cfg, one_frame, video_grid_thw=[[1, 2, 2]], use_audio_in_video=True)
+
+
+# ---- the sources prompt_config takes ---------------------------------------------------------------
+def test_prompt_config_sources(tmp_path, monkeypatch):
+    """An HF dir, its config.json, the directory convert_checkpoint writes (it keeps hf_config.json), a
+    hub id in the local cache: the same PromptConfig."""
+    import os
+    import shutil
+
+    from qwen_vit_jax.tools.demo import TINY, write_random_hf_checkpoint
+    from qwen_vit_jax.weights.convert import HF_CONFIG_FILE, convert_checkpoint
+
+    hf = write_random_hf_checkpoint(TINY, tmp_path / "hf")
+    out = convert_checkpoint(hf, tmp_path / "ckpt")
+    assert (out / HF_CONFIG_FILE).read_bytes() == (hf / "config.json").read_bytes()
+    commit = "0" * 40
+    snap = tmp_path / "cache" / "models--Org--Tiny-VL" / "snapshots" / commit
+    shutil.copytree(hf, snap)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    want = pc.config_from_dict(json.loads((hf / "config.json").read_text()))
+    assert want.family == "qwen2_5_vl" and want.image_token_id == 151655
+    for source in (hf, hf / "config.json", str(out), "Org/Tiny-VL"):
+        assert prompt_config(source) == want, source
+    os.remove(out / HF_CONFIG_FILE)
+    with pytest.raises(ValueError, match="without hf_config.json"):
+        prompt_config(os.path.relpath(out))  # another spelling: not cached
