@@ -30,9 +30,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numba
 import numpy as np
 
-from .config import AUDIO, IMAGE, TEXT, VIDEO, prompt_config, token_types
+from .config import AUDIO, IMAGE, TEXT, VIDEO, prompt_config
 
 _KINDS = ((IMAGE, "image"), (VIDEO, "video"), (AUDIO, "audio"))
 
@@ -65,12 +66,68 @@ jax.tree_util.register_dataclass(
 )
 
 
-def _types(cfg, input_ids, mm_token_type_ids) -> np.ndarray:
-    ids = np.asarray(input_ids)
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
+@numba.njit(cache=True)
+def _plan_rows(ids, types, have_types, glm, tok, want, rows, visual, deepstack_rows, found):
+    """One pass over the prompt [B, L]: each position's table row, the visual mask and the joint
+    deepstack rows; the token types as `token_types` (or `types` when given).
+
+    tok: int64 [6]: image, video, audio placeholder ids, GLM's video start / end ids (-1: none), and
+        whether GLM typing applies (tok[5]). want: int64 [3] image / video / audio rows given (-1:
+        not given). Out: rows int32 [B * L], visual bool [B * L], deepstack_rows int32 [B * L] (its
+        first V used), found int64 [3] tokens of each kind. Returns V."""
+    nb, length = ids.shape
+    n = nb * length
+    # the table: [text (B * L); image rows; video rows; audio rows], a kind not given adds no rows
+    base = np.empty(3, np.int64)
+    base[0] = n
+    base[1] = base[0] + max(want[0], 0)
+    base[2] = base[1] + max(want[1], 0)
+    n_image = max(want[0], 0)  # the joint deepstack table: [image rows; video rows]
+    v = 0
+    for b in range(nb):
+        depth = 0  # GLM: <|begin_of_video|> seen minus <|end_of_video|> seen, this row, inclusive
+        for l in range(length):
+            p = b * length + l
+            t = ids[b, l]
+            rows[p] = p
+            if have_types:
+                k = types[b, l]
+            elif glm:
+                if t == tok[3]:
+                    depth += 1
+                elif t == tok[4]:
+                    depth -= 1
+                k = 0
+                if t == tok[0]:
+                    k = 2 if depth > 0 else 1
+            elif t == tok[0]:
+                k = 1
+            elif t == tok[1]:
+                k = 2
+            elif t == tok[2]:
+                k = 3
+            else:
+                k = 0
+            if k == 0:
+                continue
+            i = found[k - 1]
+            found[k - 1] = i + 1
+            if want[k - 1] < 0:
+                continue  # not given: the token keeps its text row (HF)
+            rows[p] = base[k - 1] + i
+            if k < 3:
+                visual[p] = True
+                deepstack_rows[v] = i if k == 1 else n_image + i
+                v += 1
+    return v
+
+
+_NO_TYPES = np.zeros((0, 0), np.int32)
+
+
+def _types(cfg, ids, mm_token_type_ids) -> np.ndarray:
     if mm_token_type_ids is None:
-        return token_types(cfg, ids)
+        return _NO_TYPES
     types = np.asarray(mm_token_type_ids)
     if types.shape != ids.shape:
         raise ValueError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}: they must be equal")
@@ -78,13 +135,29 @@ def _types(cfg, input_ids, mm_token_type_ids) -> np.ndarray:
     if bad.any():
         b, l = np.argwhere(bad)[0]
         raise ValueError(f"mm_token_type_ids[{b}, {l}] is {types[b, l]}: types are 0 text, 1 image, 2 video, 3 audio")
-    return types
+    return np.ascontiguousarray(types, np.int32)
+
+
+# id(PromptConfig) -> (cfg, its tok array): configs are few and immutable; saves building the array
+# on every call (bench_positions.py, the one-image prompt)
+_TOKENS: dict[int, tuple] = {}
+
+
+def _tokens(cfg) -> np.ndarray:
+    hit = _TOKENS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    glm = cfg.rules.glm_types
+    ids = (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id, cfg.video_start_token_id, cfg.video_end_token_id)
+    tok = np.array([-1 if i is None else i for i in ids] + [int(glm)], np.int64)
+    _TOKENS[id(cfg)] = (cfg, tok)
+    return tok
 
 
 def plan_splice(
     source, input_ids, image_rows=None, video_rows=None, audio_rows=None, *, mm_token_type_ids=None
 ) -> SplicePlan:
-    """The host half of `splice`: numpy only, nothing on the device.
+    """The host half of `splice`: one numba pass over the ids, nothing on the device.
 
     Args:
         source: what `prompt_config` takes (a checkpoint directory, its config.json, a hub id in the
@@ -93,7 +166,8 @@ def plan_splice(
         image_rows, video_rows, audio_rows: the number of image / video / audio embedding rows that
             will be spliced in, or None when that modality's embeddings are not given (its tokens
             keep their text embeddings, as in HF's forward).
-        mm_token_type_ids: int [B, L], the processor's types; default `token_types(source, input_ids)`.
+        mm_token_type_ids: int [B, L], the processor's types; default: `token_types(source, input_ids)`
+            (computed in the same pass).
     Returns:
         SplicePlan.
     Raises:
@@ -101,44 +175,38 @@ def plan_splice(
         get_placeholder_mask check), naming both.
     """
     cfg = prompt_config(source)
-    types = _types(cfg, input_ids, mm_token_type_ids)
-    flat = types.reshape(-1)  # [B * L]
-    rows = np.arange(flat.size, dtype=np.int32)
-    offset = flat.size  # the feature rows follow the B * L text rows in the table
-    visual = np.zeros(flat.size, bool)
-    counts = {}
-    for kind, name in _KINDS:
-        count = {IMAGE: image_rows, VIDEO: video_rows, AUDIO: audio_rows}[kind]
-        if count is None:
-            counts[name] = None
-            continue
-        count = int(count)
-        where = np.flatnonzero(flat == kind)
-        if where.size != count:
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
+    types = _types(cfg, ids, mm_token_type_ids)
+    if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids, np.int64)
+    counts = (image_rows, video_rows, audio_rows)
+    want = np.array([-1 if c is None else c for c in counts], np.int64)
+    if any(c is not None and c < 0 for c in counts):
+        raise ValueError(f"image_rows, video_rows, audio_rows must be >= 0 or None, got {counts}")
+    tok = _tokens(cfg)
+    n = ids.size
+    rows = np.empty(n, np.int32)
+    visual = np.zeros(n, np.bool_)
+    deepstack_rows = np.empty(n, np.int32)
+    found = np.zeros(3, np.int64)
+    v = _plan_rows(ids, types, types.size > 0, bool(tok[5]), tok, want, rows, visual, deepstack_rows, found)
+    wants = want.tolist()
+    for k, (f, w) in enumerate(zip(found.tolist(), wants)):
+        if w >= 0 and f != w:
+            name = _KINDS[k][1]
             raise ValueError(
-                f"{name} features and {name} tokens do not match: input_ids hold {where.size} {name} tokens, "
-                f"the {name} embeddings have {count} rows"
+                f"{name} features and {name} tokens do not match: input_ids hold {f} {name} tokens, "
+                f"the {name} embeddings have {w} rows"
             )
-        rows[where] = offset + np.arange(count, dtype=np.int32)
-        offset += count
-        counts[name] = count
-        if kind != AUDIO:
-            visual[where] = True
-    # The joint deepstack rows: image positions take image rows in order, video positions video rows
-    # after all image rows, both in row-major order over the visual positions.
-    vis_types = flat[visual]  # [V]
-    deepstack_rows = np.empty(vis_types.size, np.int32)
-    is_image = vis_types == IMAGE
-    n_image = int(is_image.sum())
-    deepstack_rows[is_image] = np.arange(n_image, dtype=np.int32)
-    deepstack_rows[~is_image] = n_image + np.arange(vis_types.size - n_image, dtype=np.int32)
     return SplicePlan(
-        rows=rows.reshape(types.shape),
-        visual_pos_masks=visual.reshape(types.shape),
-        deepstack_rows=deepstack_rows,
-        image_rows=counts["image"],
-        video_rows=counts["video"],
-        audio_rows=counts["audio"],
+        rows=rows.reshape(ids.shape),
+        visual_pos_masks=visual.reshape(ids.shape),
+        deepstack_rows=deepstack_rows[:v],
+        image_rows=None if wants[0] < 0 else wants[0],
+        video_rows=None if wants[1] < 0 else wants[1],
+        audio_rows=None if wants[2] < 0 else wants[2],
     )
 
 
