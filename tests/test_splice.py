@@ -300,6 +300,11 @@ def test_split_under_jit_and_dtypes():
     )
     assert out.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(out)[ids == cfg.image_token_id], want.numpy()[ids == cfg.image_token_id])
+    given = plan_splice(cfg, ids, len(img), len(vid), mm_token_type_ids=token_types(cfg, ids))
+    for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(given)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="must be >= 0 or None"):
+        plan_splice(cfg, ids, -1, len(vid))
     ds = apply_deepstack(plan, [img, img], [vid, vid])
     assert [d.shape for d in ds] == [(len(img) + len(vid), WIDTH)] * 2
 
