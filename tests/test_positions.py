@@ -472,7 +472,10 @@ def _image_prompt(cfg, n_tokens, images=1):
     [
         (dict(n=3), r"row 0: image 0 has a run of 3 placeholder tokens, its grid gives 4"),
         (dict(images=2), r"row 0: image run 1 has no image_grid_thw entry left"),
-        (dict(grids=[[1, 4, 4], [1, 2, 2]]), r"image_grid_thw: 2 rows, the prompt has placeholder runs for 1"),
+        (
+            dict(grids=[[1, 4, 4], [1, 2, 2]]),
+            r"image_grid_thw: 2 entries, the prompt has image runs for 1 \(image_grid_thw\[1:\] left over\)",
+        ),
         (dict(grids=[[1, 3, 4]]), r"image_grid_thw row 0: .* multiples of the merge size 2"),
         (dict(mask=np.ones((1, 5))), r"attention_mask has shape \(1, 5\), input_ids \(1, 9\)"),
         (dict(mask=np.full((1, 9), 2)), r"attention_mask row 0, column 0: 2"),

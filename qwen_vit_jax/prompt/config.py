@@ -191,7 +191,7 @@ class PromptConfig:
             raise ValueError(f"PromptConfig({self.family}): needs vision_start_token_id and audio_start_token_id")
 
 
-_CACHE: dict[tuple[str, str], PromptConfig] = {}
+_CACHE: dict[str | tuple[str, str], PromptConfig] = {}
 _LOCK = threading.Lock()
 
 
@@ -211,13 +211,19 @@ def prompt_config(source) -> PromptConfig:
     """
     if isinstance(source, PromptConfig):
         return source
+    cfg = _CACHE.get(source)  # an absolute path as given: no system call at all
+    if cfg is not None:
+        return cfg
     name = os.fspath(source)
-    key = (name, "" if os.path.isabs(name) else os.getcwd())  # a relative path means something else elsewhere
+    absolute = os.path.isabs(name)
+    key = name if absolute else (name, os.getcwd())  # a relative path (or hub id) means something else elsewhere
     cfg = _CACHE.get(key)
     if cfg is None:
         cfg = _read(name)
         with _LOCK:
             _CACHE[key] = cfg
+            if absolute and isinstance(source, str):
+                _CACHE[source] = cfg
     return cfg
 
 

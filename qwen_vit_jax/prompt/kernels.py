@@ -22,7 +22,6 @@ import numpy as np
     K_AIV,
     K_PAD,
     K_INTEGRAL,
-    K_HAVE_TYPES,
     K_IMAGE,
     K_VIDEO,
     K_AUDIO,
@@ -33,7 +32,7 @@ import numpy as np
     K_ASTART,
     K_TPC,
     N_KNOBS,
-) = range(17)
+) = range(16)
 NO_ID = -(1 << 62)  # an id no token has (a family without that token)
 
 # err: int64 [7] = (code, row, kind, index, got, expected, frame)
@@ -48,6 +47,8 @@ E_FRACTIONAL = 7  # a fractional temporal position (Qwen3-Omni): (.., video, fra
 E_BAD_TYPE = 8  # a token type outside 0..3: (.., 0, column, type, 0)
 E_BAD_MASK = 9  # an attention_mask value other than 0 / 1: (.., 0, column, value, 0)
 E_BAD_GRID = 10  # a grid entry < 1, or h / w not a multiple of the merge size: (.., kind, index, 0, 0)
+E_LEFT_OVER = 11  # items no run used: (code, -1, kind, 0, used, given)
+E_PARTIAL_VIDEO = 12  # a video with runs for only some of its frames: (code, -1, VIDEO, video, frames, t)
 # kinds, as token types
 IMAGE, VIDEO, AUDIO = 1, 2, 3
 
@@ -126,7 +127,7 @@ def _put(pos, b, j, p0, p1, p2):
 
 
 @numba.njit(cache=True)
-def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, row, err):
+def _audio_in_video(pos, trow, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, row, err):
     """One video with its audio track from compressed column k: positions of the V video and A audio
     tokens in the family's interleaving, each token's kind checked. Returns (next column, largest
     position of the last piece HF appends, largest position of the block), next column -1 on an error."""
@@ -163,7 +164,7 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
             if ch < nvc:
                 last = -1
                 for i in range(v0, vend[ch]):
-                    if types[b, idx[c]] != VIDEO:
+                    if trow[idx[c]] != VIDEO:
                         _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], VIDEO)
                         return -1, 0, 0
                     r = i % hw
@@ -174,7 +175,7 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
             if ch < nac:
                 last = -1
                 for i in range(a0, aend[ch]):
-                    if types[b, idx[c]] != AUDIO:
+                    if trow[idx[c]] != AUDIO:
                         _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], AUDIO)
                         return -1, 0, 0
                     last = max(last, _put(pos, b, idx[c], st + i, st + i, st + i))
@@ -187,14 +188,14 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
     ai = 0
     while i < nv and ai < alen:
         if tv[i // hw] <= ai:
-            if types[b, idx[c]] != VIDEO:
+            if trow[idx[c]] != VIDEO:
                 _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], VIDEO)
                 return -1, 0, 0
             r = i % hw
             last = _put(pos, b, idx[c], st + tv[i // hw], st + r // gw, st + r % gw)
             i += 1
         else:
-            if types[b, idx[c]] != AUDIO:
+            if trow[idx[c]] != AUDIO:
                 _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], AUDIO)
                 return -1, 0, 0
             last = _put(pos, b, idx[c], st + ai, st + ai, st + ai)
@@ -204,7 +205,7 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
     if i < nv:  # the tail is one piece: its largest position
         last = -1
         while i < nv:
-            if types[b, idx[c]] != VIDEO:
+            if trow[idx[c]] != VIDEO:
                 _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], VIDEO)
                 return -1, 0, 0
             r = i % hw
@@ -214,7 +215,7 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
     elif ai < alen:
         last = -1
         while ai < alen:
-            if types[b, idx[c]] != AUDIO:
+            if trow[idx[c]] != AUDIO:
                 _fail(err, E_AIV_TOKEN, row, VIDEO, vi, idx[c], AUDIO)
                 return -1, 0, 0
             last = max(last, _put(pos, b, idx[c], st + ai, st + ai, st + ai))
@@ -224,7 +225,7 @@ def _audio_in_video(pos, types, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, 
 
 
 @numba.njit(cache=True)
-def _types_of_row(ids, b, knobs, out):
+def _types_of_row(ids, b, knobs, out):  # out: int32 [L]
     """A row's token types from its ids, as the family's processor writes mm_token_type_ids."""
     if knobs[K_GLM]:
         depth = 0  # <|begin_of_video|> minus <|end_of_video|> so far, this token included
@@ -234,24 +235,26 @@ def _types_of_row(ids, b, knobs, out):
                 depth += 1
             if x == knobs[K_VEND_GLM]:
                 depth -= 1
-            out[b, j] = (VIDEO if depth > 0 else IMAGE) if x == knobs[K_IMAGE] else 0
+            out[j] = (VIDEO if depth > 0 else IMAGE) if x == knobs[K_IMAGE] else 0
         return
     for j in range(ids.shape[1]):
         x = ids[b, j]
-        out[b, j] = (
+        out[j] = (
             IMAGE if x == knobs[K_IMAGE] else (VIDEO if x == knobs[K_VIDEO] else (AUDIO if x == knobs[K_AUDIO] else 0))
         )
 
 
 @numba.njit(cache=True)
-def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio_len, knobs, pos, deltas, used, err):
+def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio_len, knobs, pos, deltas, status):
     """Positions of every row (see the module docstring).
 
-    ids int64 [B, L]; types int [B, L] (filled here from ids unless knobs[K_HAVE_TYPES]); mask uint8 [B, L];
+    ids int64 [B, L]; types int32 [B, L] (or [0, 0]: taken from ids, as the family's processor types them);
+    mask uint8 [B, L] (or [0, 0]: no padding);
     images / videos int64 [k, 3]; video_a float32 [videos] and image_b / video_b float32: HF's time
     scaling f32(f32(k) * a) * b (images: a = 1); audio_len int64 [audios] (tokens per audio).
-    Out: pos int64 [3, B, L], deltas int64 [B], used int64 [4] (images, videos, frames into the
-    current video, audios consumed), err int64 [7] (err[0] == 0: no error).
+    Out: pos int64 [3, B, L], deltas int64 [B, 1], status int64 [11]: the error record err (status[:7],
+    status[0] == 0: no error) and what was consumed (status[7:]: images, videos, frames into the
+    current video, audios).
     """
     nb, length = ids.shape
     merge = knobs[K_MERGE]
@@ -260,7 +263,11 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
     aiv = knobs[K_AIV]
     pad = knobs[K_PAD]
     integral = knobs[K_INTEGRAL] == 1
+    err = status[:7]
+    have_types = types.shape[0] == nb
+    have_mask = mask.shape[0] == nb
     idx = np.empty(length, np.int64)
+    trow = np.empty(length, np.int32)
     ii = 0
     vi = 0
     fi = 0
@@ -272,11 +279,14 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
         if not _check_grid(videos, i, merge, VIDEO, -1, err):
             return
     for b in range(nb):
-        if not knobs[K_HAVE_TYPES]:
-            _types_of_row(ids, b, knobs, types)
+        if have_types:
+            for j in range(length):
+                trow[j] = types[b, j]
+        else:
+            _types_of_row(ids, b, knobs, trow)
         n = 0
         for j in range(length):
-            m = mask[b, j]
+            m = mask[b, j] if have_mask else 1
             if m == 1:
                 idx[n] = j
                 n += 1
@@ -296,7 +306,7 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
         k = 0
         while k < n:
             j = idx[k]
-            t = types[b, j]
+            t = trow[j]
             if t == 0:
                 pos[0, b, j] = cur
                 pos[1, b, j] = cur
@@ -315,7 +325,7 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
                     _fail(err, E_BAD_TYPE, b, 0, j, t, 0)
                 return
             r = 1
-            while k + r < n and types[b, idx[k + r]] == t:
+            while k + r < n and trow[idx[k + r]] == t:
                 r += 1
             if t == AUDIO:
                 if ai >= audio_len.shape[0]:
@@ -340,8 +350,8 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
                     return
                 if (
                     k < 2
-                    or types[b, idx[k - 2]] != 0
-                    or types[b, idx[k - 1]] != 0
+                    or trow[idx[k - 2]] != 0
+                    or trow[idx[k - 1]] != 0
                     or ids[b, idx[k - 2]] != knobs[K_VSTART]
                     or ids[b, idx[k - 1]] != knobs[K_ASTART]
                 ):
@@ -354,14 +364,14 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
                 else:
                     st = cur
                 c, last, blk = _audio_in_video(
-                    pos, types, b, idx, k, n, videos, vi, st, video_a[vi], video_b, audio_len[ai], knobs, b, err
+                    pos, trow, b, idx, k, n, videos, vi, st, video_a[vi], video_b, audio_len[ai], knobs, b, err
                 )
                 if c < 0:
                     return
                 top = max(top, blk)
                 cur = last + 1
                 hold = aiv == 1  # Qwen2.5-Omni: <audio_end><vision_end> share one position too
-                if hold and (c + 2 > n or types[b, idx[c]] != 0 or types[b, idx[c + 1]] != 0):
+                if hold and (c + 2 > n or trow[idx[c]] != 0 or trow[idx[c + 1]] != 0):
                     _fail(err, E_AIV_END, b, VIDEO, vi, 0, 0)
                     return
                 vi += 1
@@ -404,8 +414,16 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
         if hold:
             _fail(err, E_AIV_END, b, VIDEO, vi - 1, 0, 0)
             return
-        deltas[b] = top + 1 - n
-    used[0] = ii
-    used[1] = vi
-    used[2] = fi
-    used[3] = ai
+        deltas[b, 0] = top + 1 - n
+    status[7] = ii
+    status[8] = vi
+    status[9] = fi
+    status[10] = ai
+    if fi:
+        _fail(err, E_PARTIAL_VIDEO, -1, VIDEO, vi, fi, videos[vi, 0])
+    elif ii != images.shape[0]:
+        _fail(err, E_LEFT_OVER, -1, IMAGE, 0, ii, images.shape[0])
+    elif vi != videos.shape[0]:
+        _fail(err, E_LEFT_OVER, -1, VIDEO, 0, vi, videos.shape[0])
+    elif ai != audio_len.shape[0]:
+        _fail(err, E_LEFT_OVER, -1, AUDIO, 0, ai, audio_len.shape[0])

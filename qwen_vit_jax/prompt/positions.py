@@ -23,14 +23,20 @@ from qwen_vit_jax.prompt.config import (
 
 _KIND = {1: "image", 2: "video", 3: "audio"}
 _GRID_ARG = {1: "image_grid_thw", 2: "video_grid_thw", 3: "audio_seqlens"}
+# Stand-ins for what was not given (the kernel tells them by their shape).
 _EMPTY_GRID = np.zeros((0, 3), np.int64)
-_EMPTY_TYPES = np.zeros((0, 0), np.int32)
-_KNOBS: dict[int, tuple[PromptConfig, np.ndarray]] = {}
+_NO_TYPES = np.zeros((0, 0), np.int32)
+_NO_MASK = np.zeros((0, 0), np.uint8)
+_NO_AUDIO = np.zeros(0, np.int64)
+_NO_TIMES = np.zeros(0, np.float32)
+_ONE = np.float32(1.0)
+_MASK_DTYPES = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
+_KNOBS: dict[tuple[int, bool], tuple[PromptConfig, np.ndarray]] = {}
 
 
-def _knobs(cfg: PromptConfig) -> np.ndarray:
+def _knobs(cfg: PromptConfig, audio_in_video: bool) -> np.ndarray:
     """The kernel's int64 row of a PromptConfig (built once per config object)."""
-    hit = _KNOBS.get(id(cfg))
+    hit = _KNOBS.get((id(cfg), audio_in_video))
     if hit is not None and hit[0] is cfg:
         return hit[1]
     r = cfg.rules
@@ -42,7 +48,7 @@ def _knobs(cfg: PromptConfig) -> np.ndarray:
     k[K.K_MERGE] = cfg.spatial_merge_size
     k[K.K_SPLIT] = r.split_frames
     k[K.K_ADVANCE] = r.advance
-    k[K.K_AIV] = r.audio_in_video
+    k[K.K_AIV] = r.audio_in_video if audio_in_video else 0
     k[K.K_PAD] = r.pad_position
     k[K.K_INTEGRAL] = r.integral_time
     k[K.K_IMAGE] = cfg.image_token_id
@@ -54,8 +60,7 @@ def _knobs(cfg: PromptConfig) -> np.ndarray:
     k[K.K_VSTART] = tid(cfg.vision_start_token_id)
     k[K.K_ASTART] = tid(cfg.audio_start_token_id)
     k[K.K_TPC] = int(cfg.position_id_per_seconds * cfg.seconds_per_chunk)  # HF: int(pps * seconds_per_chunk)
-    k.setflags(write=False)
-    _KNOBS[id(cfg)] = (cfg, k)
+    _KNOBS[(id(cfg), audio_in_video)] = (cfg, k)
     return k
 
 
@@ -63,7 +68,7 @@ def _grid(g, name: str) -> np.ndarray:
     if g is None:
         return _EMPTY_GRID
     a = np.asarray(g)
-    if a.ndim != 2 or a.shape[1] != 3 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+    if a.ndim != 2 or a.shape[1] != 3 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"{name} must be an integer array [k, 3] of (t, h, w), got {a.dtype} {a.shape}")
     return np.ascontiguousarray(a, np.int64)
 
@@ -123,75 +128,83 @@ def rope_index(
     cfg = prompt_config(source)
     rules = cfg.rules
     ids = np.asarray(input_ids)
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    ids = np.ascontiguousarray(ids, np.int64)
+    ids = np.ascontiguousarray(ids, np.int64)  # no copy when it already is
     nb, length = ids.shape
-    images = _grid(image_grid_thw, "image_grid_thw")
-    videos = _grid(video_grid_thw, "video_grid_thw")
-    nv = videos.shape[0]
     if attention_mask is None:
-        mask = np.ones((nb, length), np.uint8)
+        mask = _NO_MASK
     else:
         mask = np.asarray(attention_mask)
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must be equal")
-        mask = np.ascontiguousarray(mask, np.uint8) if mask.dtype == np.bool_ else _mask01(mask)
+        if mask.dtype == np.bool_:
+            mask = mask.view(np.uint8)
+        elif mask.dtype not in _MASK_DTYPES:  # the kernel reads these as they are and checks 0 / 1 itself
+            if mask.dtype.kind not in "iu":
+                raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
+            mask = mask.astype(np.int64)
+        mask = np.ascontiguousarray(mask)
     if mm_token_type_ids is None:
-        types, knobs = np.empty((nb, length), np.int32), _knobs(cfg)
+        types = _NO_TYPES
     else:
         types = np.asarray(mm_token_type_ids)
-        if types.shape != ids.shape or not np.issubdtype(types.dtype, np.integer):
+        if types.shape != ids.shape or types.dtype.kind not in "iu":
             raise ValueError(
                 f"mm_token_type_ids must be integers of the shape of input_ids {ids.shape}, "
                 f"got {types.dtype} {types.shape}"
             )
         types = np.ascontiguousarray(types, np.int32)
-        knobs = _knobs(cfg).copy()
-        knobs[K.K_HAVE_TYPES] = 1
     if rules.text_fallback and image_grid_thw is None and video_grid_thw is None:
-        return _text_only(mask)
+        return _text_only(np.ones((nb, length), np.uint8) if mask is _NO_MASK else mask)
+    images = _grid(image_grid_thw, "image_grid_thw")
+    videos = _grid(video_grid_thw, "video_grid_thw")
+    nv = videos.shape[0]
+    video_a, image_b, video_b = _time_scales(cfg, second_per_grid_ts, nv)
+    alen = _NO_AUDIO if audio_seqlens is None else _audio_lengths(cfg, audio_seqlens)
+    if use_audio_in_video and rules.audio_in_video == AIV_NONE:
+        raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
 
-    video_a = np.ones(nv, np.float32)
-    image_b = video_b = np.float32(1.0)
+    pos = np.empty((3, nb, length), np.int64)
+    deltas = np.empty((nb, 1), np.int64)
+    status = np.zeros(11, np.int64)
+    knobs = _knobs(cfg, bool(use_audio_in_video))
+    K.rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, alen, knobs, pos, deltas, status)
+    if status[0]:
+        raise ValueError(_message(status[:7], cfg))
+    return pos, deltas
+
+
+def _time_scales(cfg: PromptConfig, second_per_grid_ts, nv: int):
+    """(video_a float32 [videos], image_b, video_b): HF's temporal positions are
+    trunc(f32(f32(k) * a) * b) (kernels._time)."""
+    rules = cfg.rules
     if second_per_grid_ts is not None:
         s = np.asarray(second_per_grid_ts, np.float32).reshape(-1)
         if s.shape[0] != nv:
             raise ValueError(f"second_per_grid_ts has {s.shape[0]} entries for {nv} videos (video_grid_thw rows)")
     elif rules.time == TIME_OMNI and nv:
         raise ValueError(f"{cfg.family}: second_per_grid_ts is required with videos (HF's thinker reads one per video)")
+    elif not nv:
+        return _NO_TIMES, _ONE, _ONE
     else:
-        s = video_a
+        s = np.ones(nv, np.float32)  # Qwen2.5-VL's default: 1 second per grid
     if rules.time == TIME_TPS:
-        video_a = np.float32(cfg.tokens_per_second) * s  # float32, as torch's int * float32 tensor
-    elif rules.time == TIME_OMNI:
-        video_a, image_b = s, np.float32(cfg.position_id_per_seconds)
-        video_b = image_b
-    if audio_seqlens is not None:
-        alen = np.ascontiguousarray(audio_tokens(cfg, audio_seqlens), np.int64)
-        if (alen < 1).any():
-            i = int(np.argmin(alen))
-            raise ValueError(
-                f"audio {i}: {int(np.asarray(audio_seqlens).reshape(-1)[i])} feature frames give no audio token"
-            )
-    else:
-        alen = np.zeros(0, np.int64)
-    if use_audio_in_video:
-        if rules.audio_in_video == AIV_NONE:
-            raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
-    elif rules.audio_in_video != AIV_NONE:
-        knobs = knobs.copy()
-        knobs[K.K_AIV] = 0
+        return np.float32(cfg.tokens_per_second) * s, _ONE, _ONE  # float32, as torch's int * float32 tensor
+    if rules.time == TIME_OMNI:
+        pps = np.float32(cfg.position_id_per_seconds)
+        return s, pps, pps
+    return np.ones(nv, np.float32), _ONE, _ONE
 
-    pos = np.empty((3, nb, length), np.int64)
-    deltas = np.empty(nb, np.int64)
-    used = np.zeros(4, np.int64)
-    err = np.zeros(7, np.int64)
-    K.rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, alen, knobs, pos, deltas, used, err)
-    if err[0]:
-        raise ValueError(_message(err, cfg))
-    _check_used(used, images, videos, alen, rules.split_frames)
-    return pos, deltas[:, None]
+
+def _audio_lengths(cfg: PromptConfig, audio_seqlens) -> np.ndarray:
+    alen = np.ascontiguousarray(audio_tokens(cfg, audio_seqlens), np.int64)
+    if (alen < 1).any():
+        i = int(np.argmin(alen))
+        raise ValueError(
+            f"audio {i}: {int(np.asarray(audio_seqlens).reshape(-1)[i])} feature frames give no audio token"
+        )
+    return alen
 
 
 def _mask01(mask: np.ndarray) -> np.ndarray:
@@ -250,23 +263,17 @@ def _message(err: np.ndarray, cfg: PromptConfig) -> str:
         return f"row {row}, column {index}: mm_token_type_ids value {got} (0 text, 1 image, 2 video, 3 audio)"
     if code == K.E_BAD_MASK:
         return f"attention_mask row {row}, column {index}: {got} (only 0 and 1 are accepted)"
+    if code == K.E_LEFT_OVER:
+        name = _GRID_ARG[kind]
+        return f"{name}: {expected} entries, the prompt has {_KIND[kind]} runs for {got} ({name}[{got}:] left over)"
+    if code == K.E_PARTIAL_VIDEO:
+        return f"video {index}: the prompt has runs for {got} of its {expected} frames"
     if code == K.E_BAD_GRID:
         return (
             f"{_GRID_ARG[kind]} row {index}: every entry must be >= 1 and h, w multiples of the merge size "
             f"{cfg.spatial_merge_size}"
         )
     return f"rope_index: error {code}"
-
-
-def _check_used(used, images, videos, alen, split: bool) -> None:
-    ni, nv, fi, na = (int(x) for x in used)
-    if fi:
-        raise ValueError(f"video {nv}: the prompt has runs for {fi} of its {int(videos[nv, 0])} frames")
-    for name, n, total in (("image_grid_thw", ni, images.shape[0]), ("video_grid_thw", nv, videos.shape[0])):
-        if n != total:
-            raise ValueError(f"{name}: {total} rows, the prompt has placeholder runs for {n} (rows {n}.. left over)")
-    if na != alen.shape[0]:
-        raise ValueError(f"audio_seqlens: {alen.shape[0]} entries, the prompt has audio runs for {na}")
 
 
 def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np.ndarray:
