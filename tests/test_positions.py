@@ -364,6 +364,8 @@ def test_rope_index_equals_hf(family, family_setup):
     cfg, stand_in = family_setup(family)
     for seed in range(25):
         batch = random_batch(family, cfg, seed)
+        if family == "qwen2_5_vl" and seed % 2:
+            batch["spgt"] = None  # HF's default: 1 second per grid
         _compare(family, cfg, stand_in, batch)
 
 

@@ -30,7 +30,6 @@ _NO_MASK = np.zeros((0, 0), np.uint8)
 _NO_AUDIO = np.zeros(0, np.int64)
 _NO_TIMES = np.zeros(0, np.float32)
 _ONE = np.float32(1.0)
-_MASK_DTYPES = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
 _KNOBS: dict[tuple[int, bool], tuple[PromptConfig, np.ndarray]] = {}
 
 
@@ -138,13 +137,8 @@ def rope_index(
         mask = np.asarray(attention_mask)
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must be equal")
-        if mask.dtype == np.bool_:
-            mask = mask.view(np.uint8)
-        elif mask.dtype not in _MASK_DTYPES:  # the kernel reads these as they are and checks 0 / 1 itself
-            if mask.dtype.kind not in "iu":
-                raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
-            mask = mask.astype(np.int64)
-        mask = np.ascontiguousarray(mask)
+        # one dtype for the kernel (one compiled specialization); values other than 0 / 1 are refused
+        mask = np.ascontiguousarray(mask.view(np.uint8) if mask.dtype == np.bool_ else _mask01(mask))
     if mm_token_type_ids is None:
         types = _NO_TYPES
     else:
@@ -207,15 +201,18 @@ def _audio_lengths(cfg: PromptConfig, audio_seqlens) -> np.ndarray:
     return alen
 
 
-def _mask01(mask: np.ndarray) -> np.ndarray:
-    if not np.issubdtype(mask.dtype, np.integer):
+def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
+    """An integer 0 / 1 mask as uint8; ValueError naming the first other value (a uint8 one is left to
+    the kernel's own check when `kernel`)."""
+    if mask.dtype.kind not in "iu":
         raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
-    if mask.dtype.itemsize != 1:
-        bad = (mask != 0) & (mask != 1)
-        if bad.any():
-            b, j = np.argwhere(bad)[0]
-            raise ValueError(f"attention_mask row {b}, column {j}: {mask[b, j]} (only 0 and 1 are accepted)")
-    return np.ascontiguousarray(mask, np.uint8)
+    if mask.dtype == np.uint8 and kernel:
+        return mask
+    bad = mask & ~np.array(1, mask.dtype)  # nonzero where a value is neither 0 nor 1 (negatives included)
+    if bad.any():
+        b, j = np.argwhere(bad != 0)[0]
+        raise ValueError(f"attention_mask row {b}, column {j}: {mask[b, j]} (only 0 and 1 are accepted)")
+    return mask.astype(np.uint8)
 
 
 def _text_only(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -314,7 +311,7 @@ def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np
         )
     if m.shape[0] % d.shape[0]:
         raise ValueError(f"attention_mask has {m.shape[0]} rows, not a multiple of the {d.shape[0]} deltas")
-    m = _mask01(m.astype(np.uint8) if m.dtype == np.bool_ else m).astype(np.int64)
+    m = _mask01(m.astype(np.uint8) if m.dtype == np.bool_ else m, kernel=False).astype(np.int64)
     p = np.cumsum(m[:, start:], axis=1) + m[:, :start].sum(axis=1, keepdims=True) - 1  # [B', length]
     p[m[:, start:] == 0] = 0
     p += np.repeat(d, m.shape[0] // d.shape[0], axis=0)
