@@ -294,7 +294,7 @@ def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np
     d = np.asarray(deltas)
     if d.ndim == 1:
         d = d[:, None]
-    if d.ndim != 2 or d.shape[1] != 1 or not np.issubdtype(d.dtype, np.integer):
+    if d.ndim != 2 or d.shape[1] != 1 or d.dtype.kind not in "iu":
         raise ValueError(f"deltas must be an integer array [B, 1] (rope_index's), got {d.dtype} {d.shape}")
     start, length = int(start), int(length)
     if start < 0 or length < 0:
@@ -311,8 +311,14 @@ def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np
         )
     if m.shape[0] % d.shape[0]:
         raise ValueError(f"attention_mask has {m.shape[0]} rows, not a multiple of the {d.shape[0]} deltas")
-    m = _mask01(m.astype(np.uint8) if m.dtype == np.bool_ else m, kernel=False).astype(np.int64)
-    p = np.cumsum(m[:, start:], axis=1) + m[:, :start].sum(axis=1, keepdims=True) - 1  # [B', length]
-    p[m[:, start:] == 0] = 0
-    p += np.repeat(d, m.shape[0] // d.shape[0], axis=0)
+    if m.dtype != np.bool_:
+        if m.dtype.kind not in "iu":
+            raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {m.dtype}")
+        if m.size and (m.min() < 0 or m.max() > 1):
+            _mask01(m, kernel=False)  # names the first bad value
+    new = m[:, start:].astype(np.int64)  # [B', length]
+    # HF: cumsum over the whole mask - 1, 0 where masked, + delta; only the last `length` columns kept
+    p = np.cumsum(new, axis=1) + np.count_nonzero(m[:, :start], axis=1)[:, None] - 1
+    p[new == 0] = 0
+    p += d if m.shape[0] == d.shape[0] else np.repeat(d, m.shape[0] // d.shape[0], axis=0)
     return np.broadcast_to(p, (3, *p.shape)).copy()
