@@ -53,7 +53,9 @@ E_PARTIAL_VIDEO = 12  # a video with runs for only some of its frames: (code, -1
 IMAGE, VIDEO, AUDIO = 1, 2, 3
 
 
-@numba.njit(cache=True)
+# Explicit signatures on the helpers called with literal arguments: without them numba compiles one
+# specialization per call site's literal types (34 of `_fail`), most of a cold compile's time.
+@numba.njit("void(int64[:], int64, int64, int64, int64, int64, int64)", cache=True)
 def _fail(err, code, row, kind, index, got, expected):
     err[0] = code
     err[1] = row
@@ -70,7 +72,7 @@ def _time(k, a, b):
     return np.float32(np.float32(np.float32(k) * a) * b)
 
 
-@numba.njit(cache=True)
+@numba.njit("boolean(int64[:, :], int64, int64, int64, int64, int64[:])", cache=True)
 def _check_grid(grid, i, merge, kind, row, err):
     t, h, w = grid[i, 0], grid[i, 1], grid[i, 2]
     if t < 1 or h < 1 or w < 1 or h % merge != 0 or w % merge != 0:
@@ -79,7 +81,11 @@ def _check_grid(grid, i, merge, kind, row, err):
     return True
 
 
-@numba.njit(cache=True)
+@numba.njit(
+    "int64(int64[:, :, :], int64, int64[:], int64, int64, int64, int64, float32, float32, int64, boolean, int64, "
+    "int64, int64[:])",
+    cache=True,
+)
 def _block(pos, b, idx, k, gt, gh, gw, a, bb, st, integral, row, item, err):
     """Write one vision item's [gt, gh, gw] positions at compressed columns k.. from start `st`.
     Returns the block's largest position, or -1 on an error."""
@@ -118,7 +124,7 @@ def _chunks(vals, n, tpc, out):
     return count + 1
 
 
-@numba.njit(cache=True)
+@numba.njit("int64(int64[:, :, :], int64, int64, int64, int64, int64)", cache=True)
 def _put(pos, b, j, p0, p1, p2):
     pos[0, b, j] = p0
     pos[1, b, j] = p1
@@ -126,7 +132,11 @@ def _put(pos, b, j, p0, p1, p2):
     return max(p0, max(p1, p2))
 
 
-@numba.njit(cache=True)
+@numba.njit(
+    "UniTuple(int64, 3)(int64[:, :, :], int32[:], int64, int64[:], int64, int64, int64[:, :], int64, int64, "
+    "float32, float32, int64, int64[:], int64, int64[:])",
+    cache=True,
+)
 def _audio_in_video(pos, trow, b, idx, k, n, grid, vi, st, a, bb, alen, knobs, row, err):
     """One video with its audio track from compressed column k: positions of the V video and A audio
     tokens in the family's interleaving, each token's kind checked. Returns (next column, largest
