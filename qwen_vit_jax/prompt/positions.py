@@ -59,6 +59,8 @@ def _knobs(cfg: PromptConfig, audio_in_video: bool) -> np.ndarray:
     k[K.K_VSTART] = tid(cfg.vision_start_token_id)
     k[K.K_ASTART] = tid(cfg.audio_start_token_id)
     k[K.K_TPC] = int(cfg.position_id_per_seconds * cfg.seconds_per_chunk)  # HF: int(pps * seconds_per_chunk)
+    if len(_KNOBS) > 256:  # hand-made configs: keep the table small
+        _KNOBS.clear()
     _KNOBS[(id(cfg), audio_in_video)] = (cfg, k)
     return k
 
@@ -217,6 +219,8 @@ def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
 
 def _text_only(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Omni thinkers' branch without image or video grids: positions cumsum(mask) - 1, padding 1."""
+    if mask.size and mask.max() > 1:
+        _mask01(mask, kernel=False)  # names the first value other than 0 / 1
     m = mask.astype(np.int64)
     p = np.cumsum(m, axis=1) - 1
     p[m == 0] = 1
