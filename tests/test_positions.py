@@ -552,7 +552,7 @@ def test_prompt_config_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     want = pc.config_from_dict(json.loads((hf / "config.json").read_text()))
     assert want.family == "qwen2_5_vl" and want.image_token_id == 151655
-    for source in (hf, hf / "config.json", str(out), "Org/Tiny-VL"):
+    for source in (hf, hf / "config.json", str(out), "Org/Tiny-VL", json.loads((hf / "config.json").read_text())):
         assert prompt_config(source) == want, source
     os.remove(out / HF_CONFIG_FILE)
     with pytest.raises(ValueError, match="without hf_config.json"):

@@ -201,8 +201,8 @@ def prompt_config(source) -> PromptConfig:
 
     Args:
         source: what `load_model` takes (an HF checkpoint directory, a directory written by
-            `convert_checkpoint`, a hub id in the local HF cache), the path of an HF config.json, or a
-            PromptConfig (returned as it is).
+            `convert_checkpoint`, a hub id in the local HF cache), the path of an HF config.json, an
+            HF config dict (read each time), or a PromptConfig (returned as it is).
     Returns:
         PromptConfig.
     Raises:
@@ -211,6 +211,8 @@ def prompt_config(source) -> PromptConfig:
     """
     if isinstance(source, PromptConfig):
         return source
+    if isinstance(source, dict):
+        return config_from_dict(source)
     cfg = _CACHE.get(source)  # an absolute path as given: no system call at all
     if cfg is not None:
         return cfg
