@@ -19,7 +19,6 @@ import torch
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.prompt.config import token_types
-from qwen_vit_jax.prompt.positions import rope_index
 from qwen_vit_jax.tools.hf_reference import FLOAT32, compare
 from tests.hf_utils import random_pixels
 from tests.test_splice import FAMILIES, TOWERS, inner, prompt_config_of, random_batch, tiny_hf
@@ -97,7 +96,7 @@ def our_logits(family, model, ckpt, enc, ids, mask, img_thw, img_px, vid_thw, vi
     else:
         emb = qvj.splice(ckpt, ids, text, feats["image"], feats["video"])
     seconds = None if family != "qwen2_5_omni" or vid_px is None else [SECONDS_PER_GRID] * len(vid_thw)
-    pos, _ = rope_index(
+    pos, _ = qvj.rope_index(
         ckpt,
         ids,
         image_grid_thw=img_thw if img_px is not None else None,
@@ -106,7 +105,7 @@ def our_logits(family, model, ckpt, enc, ids, mask, img_thw, img_px, vid_thw, vi
         attention_mask=mask,
     )
     if spoil == "positions":
-        pos = np.broadcast_to(np.cumsum(mask, -1) - 1, pos.shape)
+        pos = np.broadcast_to(np.cumsum(mask, -1) - 1, pos.shape).copy()
     elif spoil == "order":
         emb = qvj.splice(ckpt, ids, text, feats["image"][::-1], feats["video"])
     with torch.no_grad():
