@@ -6,7 +6,7 @@
     emb, visual_pos_masks, deepstack = qvj.splice(ckpt, ids, text, img, vid, image_deepstack=ds_img,
                                                   video_deepstack=ds_vid)            # deepstack towers
 
-Split for a user's own `jax.jit`: the host part (`plan_splice`, numpy, no device work) returns a
+Split for a user's own `jax.jit`: the host part (`plan_splice`, numpy + numba, no device work) returns a
 `SplicePlan` (a pytree: its index arrays are leaves, the row counts static), and `apply_splice` /
 `apply_deepstack` are pure jnp functions of it:
 
