@@ -3,8 +3,8 @@ HF's `load_image`), and how many patches an input will have from its header alon
 (the CLI's parser reads the suffixes): preprocessing is imported where it is used.
 
 Decoding gives HF's pixels. An RGB JPEG is decoded by simplejpeg when both it and Pillow use
-libjpeg-turbo (the same integer IDCT and upsampling: the same bits, 1.4x faster than Pillow on one
-core; benchmarks/RESULTS.md); everything else, and anything simplejpeg refuses, by Pillow.
+libjpeg-turbo (the same integer IDCT and upsampling: the same bits, faster than Pillow; benchmarks/RESULTS.md,
+"The host path and workers"); everything else, and anything simplejpeg refuses, by Pillow.
 `fast_decode` lets libjpeg scale a JPEG down in the DCT domain while decoding (PIL's `draft`) when it
 is resized to at most half its size anyway: 2-4x less decode work, not the same pixels
 (docs/numerics.md has the deviation).

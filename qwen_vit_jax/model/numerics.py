@@ -26,8 +26,8 @@ class Numerics:
     CPUs without bf16 dot instructions, where XLA's bf16 dot is slower than its float32 one.
 
     `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
-    (XLA's CPU backend runs those 2-3x faster than batched dots); False batches them (GPUs and
-    TPUs want few large kernels). The same arithmetic either way.
+    (XLA's CPU backend runs those faster than batched dots: benchmarks/RESULTS.md, "Forward vs HF");
+    False batches them (GPUs and TPUs want few large kernels). The same arithmetic either way.
 
     `attention` picks who runs the attention core: "xla" (the schedules in this module: the
     default, and the reference), "triton" (a Pallas Triton kernel for NVIDIA GPUs,
@@ -39,7 +39,8 @@ class Numerics:
     added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
     take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
     is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
-    call (801 MiB of temp memory and traffic on the 3B tower: docs/accelerators.md).
+    call (temp memory and traffic of the size of the stacks: benchmarks/RESULTS.md, "Deviceless
+    accelerators").
     """
 
     dtype: str = "float32"

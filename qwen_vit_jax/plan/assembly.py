@@ -2,9 +2,9 @@
 
 An uncached plan is on the request path whenever a grid is new, so it is cheap: the grid is
 validated once, the split is one numba call (skipped for a single frame), a chunk's plan one more
-(`kernels.build_plan`); what Python adds is scalar work and wrapping (an image ~15 us, a large
-request about one pass over its rows, on one core). Plans are cached by grid (a tuple of (t, h, w)
-rows) and shared, so their arrays are read-only.
+(`kernels.build_plan`); what Python adds is scalar work and wrapping (for a large request about one
+pass over its rows, on one core; benchmarks/RESULTS.md, "Host plans vs HF"). Plans are cached by
+grid (a tuple of (t, h, w) rows) and shared, so their arrays are read-only.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ _NO_POS_WEIGHT.setflags(write=False)
 class BufferPool:
     """Recycled memory for the buffers of large plans.
 
-    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault (~2.5 us
-    each on a small VM: ~2 ms of a 3 ms plan for a jittered 130k-patch request, against a 1 ms
-    target; benchmarks/bench_plan.py). The pool keeps up to `max_bytes` of power-of-two blocks and
+    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault, most of
+    a large request's plan time on a small VM (benchmarks/bench_plan.py; benchmarks/RESULTS.md,
+    "Host plans vs HF"). The pool keeps up to `max_bytes` of power-of-two blocks and
     hands a block out again once nothing references the array made from it, so a long-running
     process builds new plans (cache misses and evictions) into pages it has touched before.
 
