@@ -123,3 +123,9 @@ def test_encode_files_reports_through_a_callback(tiny_encoder, tmp_path, capsys)
     want = tiny_encoder.encode_images([make_image(56, 84), make_image(84, 84, seed=1)])
     got = read_embeddings(out)
     assert got.names == r.names and all(np.array_equal(got[i], w) for i, w in enumerate(want))
+
+    with pytest.deprecated_call(match="image_cfg=, video_cfg= are deprecated"):
+        encode_files(
+            tiny_encoder, paths[:1], tmp_path / "old.safetensors", meta, image_cfg=prep.image, video_cfg=prep.video
+        )
+    assert np.array_equal(read_embeddings(tmp_path / "old.safetensors")[0], want[0])
