@@ -47,7 +47,7 @@ class Update:
 class Result:
     names: list[str]  # the inputs this run added, in order
     tokens: int
-    failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (--keep-going)
+    failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (keep_going)
     seconds: float
     seconds_waiting: float  # of those, spent waiting for the workers (the device idle)
     encoded: int = 0  # inputs the tower ran on
