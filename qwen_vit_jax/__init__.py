@@ -17,6 +17,11 @@
     for plan in qvj.make_plans(thw, model.cfg):   # one Plan (a pytree) per chunk
         emb = plan.unpad(jax.jit(model)(plan.take(pv), plan))
 
+    pos, deltas = qvj.rope_index(ckpt, input_ids, image_grid_thw=thw, attention_mask=mask)
+                                                  # int64 [3, B, L], [B, 1] == HF's get_rope_index
+    nxt = qvj.decode_positions(deltas, start, 1)  # [3, B, 1]: the next token's positions
+    cfg = qvj.prompt_config(ckpt)                 # qvj.PromptConfig: token ids + position rules
+
 Names load on first use (PEP 562), so `import qwen_vit_jax` and the CLI's --help do not pay
 for importing jax, flax and numba.
 """
@@ -50,6 +55,12 @@ _EXPORTS = {
     "preprocess_paddleocr_images": "preprocess.images",
     "preprocess_glm4v_images": "preprocess.images",
     "preprocess_video": "preprocess.video",
+    "splice": "prompt.splice",
+    "expand_placeholders": "prompt.expand",
+    "PromptConfig": "prompt.config",
+    "prompt_config": "prompt.config",
+    "rope_index": "prompt.positions",
+    "decode_positions": "prompt.positions",
 }
 __all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"

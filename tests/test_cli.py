@@ -493,9 +493,10 @@ def test_demo(tmp_path):
 
     def shape(text):
         lines = [ln for ln in text.splitlines() if ln and not ln.startswith("host planner:")]
-        return [re.sub(r"\d[\d,.]*|(?:~|/)\S*", "#", ln) for ln in lines]
+        # numbers and paths as #, runs of spaces as one (a first call over 10 s is one digit wider)
+        return [re.sub(r" +", " ", re.sub(r"\d[\d,.]*|(?:~|/)\S*", "#", ln)) for ln in lines]
 
-    assert shape(block) == shape(p.stdout.replace(str(out), "qwen_vit_jax_demo.png"))
+    assert shape(block) == shape(p.stdout)
 
 
 def test_demo_variant_qwen3_vl(tmp_path, capsys):

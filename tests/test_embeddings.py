@@ -96,6 +96,8 @@ def test_repr_is_a_summary():
     )
     text = repr(e)
     assert len(text) < 200 and "3 inputs" in text and "100000x8" in text and "'a.png'" in text, text
+    one = qvj.Embeddings(np.zeros((4, 8), np.float32), np.array([[1, 4, 4]]), np.array([0, 4]), ["a.png"], {})
+    assert repr(one).startswith("Embeddings(1 input, embeddings 4x8 float32"), repr(one)  # singular
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".npz"])

@@ -23,11 +23,12 @@ LAYERS = {
     "preprocess": 5,
     "model": 6,
     "weights": 7,
-    "runtime": 8,
-    "data": 9,
-    "tools": 10,
-    "__init__": 11,
-    "__main__": 11,
+    "prompt": 8,
+    "runtime": 9,
+    "data": 10,
+    "tools": 11,
+    "__init__": 12,
+    "__main__": 12,
 }
 MAX_LINES = 600
 _LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use

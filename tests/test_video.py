@@ -182,6 +182,32 @@ def test_smart_resize_3d_budget_is_the_whole_clip():
     assert frame_size(8, 360, 640, cfg) < frame_size(2, 360, 640, cfg)
 
 
+def test_default_config_gives_timestamps(clips):
+    """A call without config follows Qwen2.5-VL's processor: a file at fps 2 comes back with the
+    seconds of each temporal patch (HF's second_per_grid_ts apart), as `encode` of that clip with the
+    demo's tower gives, where Qwen2-VL's config (VIDEO_DEFAULT) gives None; frames and sizes are the same."""
+    from qwen_vit_jax.preprocess.config import video_config_for
+    from qwen_vit_jax.preprocess.video import DEFAULT_CONFIG
+
+    assert DEFAULT_CONFIG == dataclasses.replace(VIDEO_DEFAULT, video_sampler="qwen2.5-vl")
+    assert DEFAULT_CONFIG == video_config_for(None, "qwen2_5_vl")
+    (case,) = [
+        c
+        for c in REFERENCE["cases"]
+        if c["clip"] == "h264_330x250_24fps_5s" and c["config_name"] == "qwen2.5-vl hub" and c["call"] == {"fps": 2.0}
+    ]
+    path = clips["h264_330x250_24fps_5s"]
+    pv, grid, ts = preprocess_video(path, fps=2.0)
+    assert grid[0, 0] == case["grid_thw"][0] == 5  # the sizes differ: the class defaults' pixel range, not the hub's
+    assert ts.tolist() == [i * case["second_per_grid_ts"] for i in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    pv2, grid2, ts2 = preprocess_video(path, fps=2.0, config=VIDEO_DEFAULT)  # Qwen2-VL: the model reads no time
+    assert ts2 is None and grid2.tolist() == grid.tolist()
+    np.testing.assert_array_equal(pv, pv2)
+    frames = decode_all(path)  # decoded frames: the seconds need their rate
+    assert preprocess_video(frames, num_frames=4)[2] is None
+    assert preprocess_video(frames, source_fps=24.0, fps=2.0)[2].tolist() == ts.tolist()
+
+
 # ---- files: streaming, errors --------------------------------------------------------------------
 def test_truncated_and_corrupt_files_are_named_errors(clips, tmp_path):
     data = pathlib.Path(clips["h264_462f_24fps"]).read_bytes()

@@ -23,6 +23,8 @@ import zipfile
 
 import numpy as np
 
+from qwen_vit_jax.data.stream import count
+
 FORMAT, VERSION = "qwen_vit_jax.embeddings", 1
 INDEX_FORMAT = "qwen_vit_jax.embeddings.index"
 SUFFIXES = (".safetensors", ".npz", ".parquet")
@@ -86,9 +88,9 @@ class Embeddings:
         names = ", ".join(repr(n) for n in self.names[:3]) + (", ..." if len(self.names) > 3 else "")
         shape = "x".join(map(str, np.shape(self.embeddings)))
         what = ", ".join(f"{k}={self.metadata[k]!r}" for k in ("checkpoint", "dtype") if k in self.metadata)
-        return (
-            f"Embeddings({len(self)} inputs, embeddings {shape} {np.asarray(self.embeddings).dtype}, names [{names}]"
-            + (f", {what})" if what else ")")
+        dtype = np.asarray(self.embeddings).dtype
+        return f"Embeddings({count(len(self), 'input')}, embeddings {shape} {dtype}, names [{names}]" + (
+            f", {what})" if what else ")"
         )
 
     def __getitem__(self, i: int) -> np.ndarray:

@@ -32,8 +32,9 @@ SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs 
 
 @dataclasses.dataclass(frozen=True)
 class Update:
-    """What `encode_files` tells its `progress` callback: `done` of `total` inputs are processed
-    (encoded, copied, read from the cache, or failed); `note`, when not None, is a line to show (a
+    """What `encode_files` tells its `progress` callback: `done` of `total` inputs are done (encoded,
+    copied, or read from the cache; an input that failed is never shown as done, and leaves `total`
+    when skipped); `note`, when not None, is a line to show (a
     video read at every frame, an input slow to prepare, a skipped input); `finished` on the last
     update (after it, only notes of skipped inputs)."""
 
@@ -199,22 +200,19 @@ def encode_files(
                     "note: videos use every frame (the checkpoint's video config samples none, as HF's "
                     "Qwen2VLVideoProcessor); fps=2 is what Qwen's own tools use"
                 )
-                tell(Update(seen + len(failed) - len(rows.pending), total, note))
+                tell(Update(seen - len(rows.pending), total - len(failed), note))
                 every_frame = False
             if item.note:
-                tell(
-                    Update(
-                        seen + len(failed) - len(rows.pending), total, f"{item.note}, prepared in {item.seconds:.1f} s"
-                    )
-                )
+                note = f"{item.note}, prepared in {item.seconds:.1f} s"
+                tell(Update(seen - len(rows.pending), total - len(failed), note))
             rows.add(item)
             seen += 1
-            tell(Update(seen + len(failed) - len(rows.pending), total))  # failures count as processed
+            tell(Update(seen - len(rows.pending), total - len(failed)))  # a failed input is never shown as done
             if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
                 sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
         rows.flush()
-        tell(Update(seen + len(failed), total))
+        tell(Update(seen, total - (len(failed) if keep_going else 0)))  # skipped: out of the count
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
         if rows.names:
@@ -231,7 +229,7 @@ def encode_files(
         raise EncodeError(f"{e}; " + (written() if rows.names else "nothing written")) from None
     finally:
         loader.close()
-        tell(Update(seen + len(failed), total, finished=True))
+        tell(Update(seen, total - len(failed), finished=True))
     seconds = time.perf_counter() - t0
     result = Result(
         rows.names, rows.tokens, failed, seconds, loader.seconds_waiting, rows.encoded, rows.reused, rows.cached
@@ -247,7 +245,7 @@ def encode_files(
             f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going skips unreadable inputs)"
         )
     for path, reason in failed:
-        tell(Update(seen + len(failed), total, f"warning: skipped {path}: {reason}", finished=True))
+        tell(Update(seen, total - len(failed), f"warning: skipped {path}: {reason}", finished=True))
     if not rows.names and inputs and not save_empty:
         sink.abandon()
         raise EncodeError(f"none of the {len(inputs)} inputs could be read; nothing written")

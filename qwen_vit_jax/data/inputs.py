@@ -3,8 +3,9 @@ HF's `load_image`), and how many patches an input will have from its header alon
 (the CLI's parser reads the suffixes): preprocessing is imported where it is used.
 
 Decoding gives HF's pixels. An RGB JPEG is decoded by simplejpeg when both it and Pillow use
-libjpeg-turbo (the same integer IDCT and upsampling: the same bits, faster than Pillow; benchmarks/RESULTS.md,
-"The host path and workers"); everything else, and anything simplejpeg refuses, by Pillow.
+libjpeg-turbo (the same integer IDCT and upsampling: the same bits, faster than Pillow;
+benchmarks/RESULTS.md, "The host path and workers"); everything else, and anything simplejpeg
+refuses, by Pillow.
 `fast_decode` lets libjpeg scale a JPEG down in the DCT domain while decoding (PIL's `draft`) when it
 is resized to at most half its size anyway: 2-4x less decode work, not the same pixels
 (docs/numerics.md has the deviation).
@@ -78,7 +79,7 @@ def is_video(path: str) -> bool:
 
 
 # ---- decoding ------------------------------------------------------------------------------------
-def load_image(source, *, draft_to: tuple[int, int] | None = None):
+def load_image(source, *, draft_to: tuple[int, int] | None = None, name: str | None = None):
     """Decode an image (a file's path, or its bytes) fully, EXIF orientation applied (as HF's
     `load_image` does): a PIL image, or for an RGB JPEG that simplejpeg decodes, its uint8
     [H, W, 3] array (the same pixels). Colour conversion (palette, grey, alpha onto white) is left
@@ -86,10 +87,18 @@ def load_image(source, *, draft_to: tuple[int, int] | None = None):
 
     draft_to: (height, width) the image will be resized to (after orientation): a JPEG is then
     decoded by Pillow at the smallest DCT scale (1/2, 1/4, 1/8) that still covers it (`fast_decode`).
+    name: what a failure names (default: the path; bytes have none). Bytes Pillow cannot identify
+    raise UnidentifiedImageError naming it and the bytes' start, not Pillow's `<_io.BytesIO ...>`.
     """
-    from PIL import Image, ImageOps
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
-    with Image.open(_file(source)) as im:
+    try:
+        opened = Image.open(_file(source))
+    except UnidentifiedImageError:
+        what = name or (os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the input")
+        head = bytes(source[:16]) if isinstance(source, (bytes, bytearray, memoryview)) else _head(source)
+        raise UnidentifiedImageError(f"{what} is not an image file Pillow can read (it starts {head!r})") from None
+    with opened as im:
         orientation = im.getexif().get(0x0112, 1)
         if im.format == "JPEG" and draft_to is not None:
             h, w = draft_to[::-1] if orientation in _SWAPS_SIDES else draft_to
@@ -105,6 +114,15 @@ def load_image(source, *, draft_to: tuple[int, int] | None = None):
                 return _oriented(a, orientation)
         im.load()
         return ImageOps.exif_transpose(im)
+
+
+def _head(path, n: int = 16) -> bytes:
+    """A file's first n bytes (what the error of an unidentified image shows)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
 
 
 def _file(source):

@@ -14,9 +14,9 @@ in its place, so the caller decides between stopping and skipping.
 
 Workers are spawned processes (Grain's), so a script that starts them runs its work under
 `if __name__ == "__main__":` (Python's rule for spawned workers: each re-imports the main module).
-A worker pays a start-up (Python, then Grain, which imports jax; this module itself imports no jax)
-and then a little per input beyond its preprocessing: the patch rows' trip through shared memory
-(benchmarks/RESULTS.md, "The host path and workers").
+A worker's start-up (Python, then Grain, which imports jax; this module itself imports no jax) and
+its cost per image beyond preprocessing (the patch rows' trip through shared memory) are in
+benchmarks/RESULTS.md, "The host path and workers".
 
 Workers and signals: the workers ignore SIGINT and SIGTERM (from their start: see
 `_signals_for_workers`), so a Ctrl-C or a `kill` of the process group reaches the main process
@@ -121,7 +121,7 @@ class Prepare:
         if isinstance(source, bytes):
             digest = hashlib.sha256(source).hexdigest()
             draft = draft_size(source, self.config, self.variant) if self.fast_decode else None
-            source = load_image(source, draft_to=draft)
+            source = load_image(source, draft_to=draft, name=name)
         else:
             digest = _pixels_digest(source)
         rows, grid = image_patches(source, self.config, self.variant, name)
@@ -372,9 +372,9 @@ def _start_worker(worker: int, workers: int) -> None:
 def tune_allocator() -> bool:
     """glibc's malloc set for a process that decodes and resizes images one after another: buffers
     below 64 MiB come from the heap and stay there (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), instead of
-    fresh pages from the kernel for every decoded frame and every resize pass: page faults are a
-    large part of a 1080p JPEG's decode + resize on this project's VMs (benchmarks/RESULTS.md, "The
-    host path and workers"), and the pixels are the same. Process-
+    fresh pages from the kernel for every decoded frame and every resize pass, whose page faults
+    are slow on small VMs (the decode + resize before and after: benchmarks/history.md, "Host cost
+    per input, one core"); the same pixels. Process-
     wide, so the worker processes and the CLI call it, never a library call on a user's process.
     Returns whether it applied (glibc only)."""
     import ctypes

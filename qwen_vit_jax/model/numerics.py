@@ -39,8 +39,7 @@ class Numerics:
     added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
     take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
     is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
-    call (temp memory and traffic of the size of the stacks: benchmarks/RESULTS.md, "Deviceless
-    accelerators").
+    call (the temp memory it cost: benchmarks/RESULTS.md, "Deviceless accelerators").
     """
 
     dtype: str = "float32"

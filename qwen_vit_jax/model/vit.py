@@ -480,9 +480,9 @@ def model_from_params(
 def as_bits(state: nnx.State) -> nnx.State:
     """`state` with the stacked bfloat16 block weights held as their uint16 bits (`from_bits` turns
     each layer's slice back, exactly). For inference: XLA's CPU backend otherwise converts every
-    stacked bf16 array to a float32 copy at the start of each forward (627M values for the 3B tower;
-    what that costs: benchmarks/RESULTS.md, "Forward vs HF"); bits are only sliced. Not
-    differentiable: train on the bf16 state itself."""
+    stacked bf16 array to a float32 copy at the start of each forward (627M values for the 3B
+    tower: benchmarks/bench_profile.py `stack`, `u16`, runs in benchmarks/history.md); bits
+    are only sliced. Not differentiable: train on the bf16 state itself."""
 
     def bits(path, a):
         return jax.lax.bitcast_convert_type(a, jnp.uint16) if path[0].key == "blocks" and a.dtype == jnp.bfloat16 else a

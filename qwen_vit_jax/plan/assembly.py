@@ -33,9 +33,9 @@ _NO_POS_WEIGHT.setflags(write=False)
 class BufferPool:
     """Recycled memory for the buffers of large plans.
 
-    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault, most of
-    a large request's plan time on a small VM (benchmarks/bench_plan.py; benchmarks/RESULTS.md,
-    "Host plans vs HF"). The pool keeps up to `max_bytes` of power-of-two blocks and
+    A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault, most of an
+    uncached plan's time for a jittered 130k-patch request on a small VM (benchmarks/bench_plan.py;
+    benchmarks/history.md, "Host index work"). The pool keeps up to `max_bytes` of power-of-two blocks and
     hands a block out again once nothing references the array made from it, so a long-running
     process builds new plans (cache misses and evictions) into pages it has touched before.
 

@@ -1,9 +1,9 @@
 """Pillow's convolution resize of RGB uint8 images (BICUBIC, BILINEAR, BOX), bit for bit, in numba.
 
 HF's PIL-backend image processors resize with Pillow, and their pixels are our reference. Pillow's
-resize is scalar C: for a 1080p photo more than its decode (benchmarks/RESULTS.md, "The host path
-and workers"). No library gives its bits faster (OpenCV's and torchvision's bicubic filters are
-other filters), so this module does Pillow's integer arithmetic in another memory
+resize is scalar C, slower than the photo's decode (benchmarks/RESULTS.md, "The host path and
+workers"). No library gives its bits faster (OpenCV's and torchvision's bicubic filters are other
+filters), so this module does Pillow's integer arithmetic in another memory
 order, where every step is a loop over whole contiguous rows that the compiler vectorises.
 
 Pillow's algorithm (libImaging/Resample.c, unchanged since Pillow 4.3): per axis, each output

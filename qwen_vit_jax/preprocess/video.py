@@ -2,8 +2,14 @@
 transformers 5.24's `Qwen2VLVideoProcessor` (Qwen2-VL, Qwen2.5-VL) and `Qwen3VLVideoProcessor`
 (Qwen3-VL, Qwen3.5) do, then the image pipeline of images.py per frame and HF's video patch layout.
 
-    pv, grid, ts = qvj.preprocess_video("clip.mp4", fps=2.0)                 # a file
+    pv, grid, ts = qvj.preprocess_video("clip.mp4", fps=2.0)                 # a file; ts [0.0, 1.0, ...]
     pv, grid, ts = qvj.preprocess_video(frames, source_fps=30.0, fps=2.0)    # decoded frames
+    pv, grid, ts = qvj.preprocess_video("clip.mp4", config=video_config_for(ckpt_dir, variant))  # a checkpoint's
+
+Without `config` a call follows Qwen2.5-VL's video processor (`DEFAULT_CONFIG`: HF's
+`Qwen2VLVideoProcessor` class defaults, with Qwen2.5-VL's timestamps), the same default as
+`qvj.data.load` and the demo's tower; a Qwen2-VL checkpoint's config gives ts None (its model reads
+no time), as does a list of frames without `source_fps`.
 
 Sampling (which frames), per `PreprocessConfig.video_sampler`:
   qwen2-vl / qwen2.5-vl (HF `Qwen2VLVideoProcessor.sample_frames`):
@@ -61,11 +67,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image
 
-from qwen_vit_jax.preprocess.config import MAX_VIDEO_TOKENS, VIDEO_DEFAULT, PreprocessConfig
+from qwen_vit_jax.preprocess.config import MAX_VIDEO_TOKENS, PreprocessConfig, video_config_for
 from qwen_vit_jax.preprocess.images import patch_bytes, patches_of, resize, smart_resize, smart_resize_3d, to_hwc3
 
 if TYPE_CHECKING:
     from qwen_vit_jax.plan.contract import Patches
+
+
+# What a call without `config` follows: Qwen2.5-VL's (Qwen2-VL's sampling and sizes, plus timestamps).
+# Not Qwen2-VL's VIDEO_DEFAULT: a user passing fps= expects the seconds of each patch back.
+DEFAULT_CONFIG = video_config_for(None, "qwen2_5_vl")
 
 
 class VideoError(ValueError):
@@ -253,8 +264,9 @@ def preprocess_video(
       num_frames: or sample this many frames, spread evenly (exclusive with fps).
       max_frames: override `config.max_frames`.
       source_fps: the frame rate of decoded frames (ignored for files, whose container says it).
-      config: PreprocessConfig (default: HF's Qwen2VLVideoProcessor class defaults). Read a
-        checkpoint's with `PreprocessConfig.from_hf(dir, video=True)`.
+      config: PreprocessConfig (default `DEFAULT_CONFIG`: HF's Qwen2VLVideoProcessor class defaults
+        with Qwen2.5-VL's timestamps). A checkpoint's: `preprocess.config.video_config_for(dir,
+        variant)` (what an encoder holds).
       uint8: return `Patches` (the T frames of each row as decoded; the device rescales and
         normalises them) instead of HF's float32 rows: the same numbers once expanded.
 
@@ -262,9 +274,11 @@ def preprocess_video(
       pixel_values: float32 [gt * h * w, 3 * T * p * p]: sampled frames in runs of T (the last frame
         repeated to fill the last run), HF's row layout; with uint8, `Patches` of those rows.
       grid_thw: int64 [1, 3] = [[gt, h, w]] in patches.
-      timestamps: float64 [gt] seconds per temporal patch (module docstring), or None.
+      timestamps: float64 [gt] seconds per temporal patch (module docstring): with the default config
+        and a file (or source_fps=), patch i at i * T / sampled fps, e.g. [0, 1, 2, 3, 4] for a 5 s clip
+        at fps=2.0; None for a Qwen2-VL config, or frames without source_fps.
     """
-    cfg = VIDEO_DEFAULT if config is None else config
+    cfg = DEFAULT_CONFIG if config is None else config
     if not isinstance(cfg, PreprocessConfig):
         raise TypeError(f"config must be a PreprocessConfig, got {type(cfg).__name__}")
     over = {"min_pixels": min_pixels, "max_pixels": max_pixels, "max_frames": max_frames}

@@ -1,13 +1,16 @@
 """What the `qwen-vit-jax` commands share: the program name, the error a command reports,
-`--sizes` parsing, the options several commands take (defined once here) and the commands' longer
-help texts. Light on purpose: building the parser (and `--help`) imports no jax, flax or model code.
+`--sizes` parsing, the user's cache folder, the options several commands take (defined once here)
+and the commands' longer help texts. Light on purpose: building the parser (and `--help`) imports
+no jax, flax or model code.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
+import sys
 
-from qwen_vit_jax.data.embeddings import LAYOUT
 from qwen_vit_jax.families import DTYPE_NAMES
 
 PROG = "qwen-vit-jax"
@@ -35,39 +38,87 @@ def parse_sizes(text: str) -> list[tuple[int, int, int]]:
     return sizes
 
 
+def default_cache_dir() -> pathlib.Path:
+    """The user's cache folder for this package: $QWEN_VIT_JAX_CACHE, else $XDG_CACHE_HOME/qwen_vit_jax,
+    else ~/.cache/qwen_vit_jax (the demo's checkpoints, and compiled programs under jax/)."""
+    if os.environ.get("QWEN_VIT_JAX_CACHE"):
+        return pathlib.Path(os.environ["QWEN_VIT_JAX_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "qwen_vit_jax"
+
+
 # ---- options several commands take ----------------------------------------------------------------
 def add_checkpoint(p: argparse.ArgumentParser, name: str = "checkpoint", metavar: str = "CKPT") -> None:
-    p.add_argument(name, metavar=metavar, help="converted dir, HF checkpoint dir or hub id in the local cache")
+    p.add_argument(name, metavar=metavar, help="converted dir, HF dir or hub id (local cache)")
 
 
 def add_dtype(p: argparse.ArgumentParser, default: str | None = "float32", help: str = "compute dtype") -> None:
     p.add_argument("--dtype", choices=DTYPE_NAMES, default=default, help=f"{help} (default {default})")
 
 
-def add_compile_cache(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def add_compile_cache(p) -> None:
+    """--compile-cache DIR / --no-compile-cache (`compile_cache_dir` reads them)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
         "--compile-cache",
         metavar="DIR",
-        help="keep compiled programs in DIR (JAX's persistent compilation cache): a later run "
-        "loads them instead of compiling",
+        help="programs kept in DIR (~/.cache/qwen_vit_jax/jax)",
     )
+    g.add_argument("--no-compile-cache", action="store_true", help="compile every program, keep none")
+
+
+def compile_cache_dir(args) -> str | None:
+    """The persistent compilation cache of a command: on by default, so that a second run of the same
+    command compiles nothing (it loads its programs). --compile-cache DIR, else JAX's own
+    $JAX_COMPILATION_CACHE_DIR, else `default_cache_dir()`/jax; None with --no-compile-cache (then
+    JAX's cache is switched off for this process, $JAX_COMPILATION_CACHE_DIR included)."""
+    if args.no_compile_cache:
+        import jax
+
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    return args.compile_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(default_cache_dir() / "jax")
 
 
 def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--overwrite", action="store_true", help=f"replace an earlier {what}")
 
 
+_loaded = [0]  # programs this process loaded from the persistent compilation cache (`cache_loads`)
+_listening: list[bool] = []  # whether `_count_loads` listens to JAX's events
+
+
+def _count_loads(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _loaded[0] += 1
+
+
+def cache_loads() -> int:
+    """Programs this process has loaded from the persistent compilation cache (instead of compiling
+    them) since `load_encoder` switched it on: JAX's own monitoring event, counted."""
+    return _loaded[0]
+
+
 def load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
     """VisionEncoder.from_pretrained on all of this process's devices (frames balanced across
-    them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id."""
+    them when there are several). checkpoint: a converted dir, an HF dir or a cached hub id.
+    compile_cache: the persistent compilation cache's folder (`compile_cache_dir`); one that cannot
+    be created (a read-only home) is a warning, and the programs are compiled as without it."""
     import jax
 
-    from qwen_vit_jax.runtime.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder, enable_compilation_cache
 
+    if compile_cache is not None:
+        try:
+            enable_compilation_cache(compile_cache)
+        except OSError as e:  # a file where the folder should be stays a ValueError: a usage error
+            print(f"warning: compiled programs are not kept: {compile_cache}: {e.strerror or e}", file=sys.stderr)
+        else:
+            if not _listening:  # once, however many encoders
+                jax.monitoring.register_event_listener(_count_loads)
+                _listening.append(True)
     devices = jax.local_devices()
-    return VisionEncoder.from_pretrained(
-        checkpoint, dtype=dtype, compilation_cache_dir=compile_cache, devices=devices if len(devices) > 1 else None
-    )
+    return VisionEncoder.from_pretrained(checkpoint, dtype=dtype, devices=devices if len(devices) > 1 else None)
 
 
 # ---- help texts -----------------------------------------------------------------------------------
@@ -90,60 +141,12 @@ bodies times their trip counts); a roofline time at the target's published peaks
 and host ops in the program (0 expected). Needs the accel extra: pip install 'qwen_vit_jax[accel]'.
 """
 
-ENCODE_HELP = f"""\
-Encode images and videos (files, folders, webdataset .tar shards, .parquet files with an image
-column, HF datasets) with a checkpoint and write every input's merged-token embeddings to one file,
-atomically (a temporary file renamed into place). Images follow the checkpoint's
-preprocessor_config.json (HF's defaults without one), EXIF orientation applied. Videos (told apart
-by extension, else by content; decoding needs PyAV: pip install 'qwen_vit_jax[video]') are
-decoded, sampled and sized as HF's video processor for the checkpoint does (its
-video_preprocessor_config.json, else preprocessor_config.json): --fps, --num-frames and
---max-frames override its sampling; one progress line per video on stderr.
-
-inputs, each detected by what it is (parquet and HF datasets need pip install 'qwen_vit_jax[data]'):
-  files and folders   image and video files; a folder's images, videos, .tar and .parquet files
-  NAME.tar            a webdataset shard: a sample's key is its __key__, its image the jpg / jpeg /
-                      png / webp member, its video the mp4 / webm member (uncompressed tar)
-  NAME.parquet        a row per input: --image-column (default image) holds the bytes or HF's
-                      {{bytes, path}} struct; the key is --key-column's value, else NAME.parquet:ROW
-  HF datasets         a folder written by datasets' save_to_disk (every split), or hf:NAME[:SPLIT]
-                      from the local HF cache (offline: nothing is downloaded); keys SPLIT:ROW
-  glob patterns       'shards/train-*.tar' (quoted: expanded here, sorted), and lists of all these
-Every key must be unique (an error names the duplicates; --allow-duplicate-keys encodes them all).
-A bad record is named by its shard and key.
-
-{LAYOUT}
-unreadable inputs: an input that cannot be decoded or preprocessed (a corrupt or truncated video,
-say) stops the run with an error naming it; the inputs finished before it are written. With
---keep-going it is skipped with a warning instead, the others are encoded and written, and the
-exit status is 1. Fix or remove the file, then rerun the same command with --resume to add it.
-
-interruptions and --resume: what is done is saved every 10 minutes, on Ctrl-C / SIGTERM and when
-a worker dies; the same command with --resume encodes exactly the inputs whose keys OUT does not
-hold yet, so that after any interruption (or a crash: then at most 10 minutes are lost) every key
-is in OUT once, with the bits of a clean run. The .safetensors / .npz forms hold the embeddings in
-memory until written (4 bytes x tokens x D: ~2.7 MB for a 512x512 image with the 3B tower's
-D = 2048); .parquet writes them as it goes (OUT.parquet.parts/, merged into OUT at the end), its
-memory flat in the dataset's size: use it for large datasets.
-
-the same bytes twice: an input whose bytes (sha256) appeared earlier in the run is not encoded
-again: its row copies the first one's (the summary counts encoded and reused inputs). --cache DIR
-keeps every embedding keyed by the checkpoint's files, the dtype, the preprocessing and the sha256
-of the input's bytes, so that a later run reads what it has seen; an entry that fails its checksum
-is recomputed, never returned.
-
-devices: all of this process's devices (jax.local_devices()) share each call, frames balanced
-across them; --batch-patches defaults to 16384 patches per device.
-
-several processes / hosts: run the same command on the same inputs in every process, with
---coordinator HOST:PORT --num-processes N --process-id I (or --distributed under SLURM, Open MPI,
-a Cloud TPU slice or Kubernetes). Files are cut into N consecutive slices of nearly equal patch
-count; dataset records by whole shards (tar / parquet / arrow files, when there are at least N),
-else by consecutive row ranges. Process I writes OUT-stem-0000I-of-0000N.suffix (e.g.
-emb-00001-of-00002.parquet), and process 0, once every shard exists, OUT.index.json.
-qwen_vit_jax.read_embeddings(OUT) reads the set in input order. --resume reads every process's
-shard, so each key is encoded once in the whole set; unreadable inputs are skipped as with
---keep-going. See docs/multi_device.md, and docs/scale.md for Ray Data.
+ENCODE_HELP = """\
+Encode images, videos and datasets with a checkpoint: every input's merged-token
+embeddings to OUT (.safetensors, .npz or .parquet; qwen_vit_jax.read_embeddings
+reads them), written atomically. Preprocessing and frame sampling follow the
+checkpoint's HF processor configs. In full (inputs, output layout, --resume,
+caches, several processes): docs/encode.md.
 """
 
 VERIFY_HELP = """\

@@ -46,6 +46,7 @@ from qwen_vit_jax.tools.args import (
     add_compile_cache,
     add_dtype,
     add_overwrite,
+    compile_cache_dir,
     load_encoder,
     parse_sizes,
 )
@@ -139,7 +140,7 @@ def cmd_bench(args) -> int:
     sizes = parse_sizes(args.sizes)
     if args.repeats <= 0:
         raise CommandError(f"--repeats must be positive, got {args.repeats}")
-    enc = load_encoder(args.checkpoint, args.dtype, args.compile_cache)
+    enc = load_encoder(args.checkpoint, args.dtype, compile_cache_dir(args))
     cfg = enc.cfg
     from qwen_vit_jax import plan as planlib
 
@@ -178,7 +179,7 @@ def cmd_demo(args) -> int:
     from qwen_vit_jax.tools.demo import run_demo
 
     t0 = time.perf_counter()
-    run_demo(args.size, args.cache_dir, args.out, variant=args.variant)
+    run_demo(args.size, args.cache_dir, args.out, variant=args.variant, compile_cache=compile_cache_dir(args))
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -304,12 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="tiny",
         help="tower size (default tiny; 3b: Qwen2.5-VL's full tower)",
     )
-    p.add_argument("--out", default="qwen_vit_jax_demo.png", help="the PNG to write (default ./qwen_vit_jax_demo.png)")
+    p.add_argument("--out", help="the PNG to write (default: demo.png in the checkpoint's cache folder)")
     p.add_argument(
         "--cache-dir",
         metavar="DIR",
         help="where checkpoints are kept (default $QWEN_VIT_JAX_CACHE, else ~/.cache/qwen_vit_jax)",
     )
+    add_compile_cache(p)
     p.set_defaults(func=cmd_demo)
     return ap
 

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 from PIL import Image, ImageDraw
+from PIL.PngImagePlugin import PngInfo
 
 from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN3_5, QWEN3_FAMILY
@@ -39,6 +40,7 @@ from qwen_vit_jax.presets import (
     QWEN3_VL_30B_A3B,
     QWEN4_EXP,
 )
+from qwen_vit_jax.tools.args import default_cache_dir
 from qwen_vit_jax.tools.hf_reference import OMNI_FAMILIES, hf_config
 from qwen_vit_jax.weights.keys import RULES, dims_to_shape
 from qwen_vit_jax.weights.safetensors_io import write_safetensors
@@ -306,20 +308,43 @@ def pca_picture(
     return out
 
 
-def labelled(pictures: list[Image.Image], names: list[str], gap: int = 8) -> Image.Image:
-    """Pictures (`pca_picture`s) one above the other on white, under a title naming the two columns,
-    each with its name above it."""
+# The picture's own first lines: whoever sees it without the terminal's output learns the weights
+# are random (the colours follow local structure, not meaning).
+TITLE = (
+    "qwen_vit_jax demo, RANDOM WEIGHTS (no download): the colours follow local structure, not meaning",
+    "left: the input image    right: the first 3 principal components of its tokens, as RGB",
+)
+_LINE = 20  # pixels per line of text
+
+
+def title_strip(width: int, title: tuple[str, ...] = TITLE) -> Image.Image:
+    """The title lines on white, `width` pixels wide: the first in red, the others in black."""
     from PIL import ImageFont
 
     font = ImageFont.load_default(size=14)
-    line = 20
-    title = "left: the input image    right: the first 3 principal components of its tokens, as RGB"
-    width = max(max(p.width for p in pictures), int(font.getlength(title)) + 8)
-    height = line + sum(line + p.height for p in pictures) + gap * (len(pictures) - 1)
-    out = Image.new("RGB", (width, height), (255, 255, 255))
+    out = Image.new("RGB", (width, _LINE * len(title)), (255, 255, 255))
     draw = ImageDraw.Draw(out)
-    draw.text((4, 2), title, fill=(0, 0, 0), font=font)
-    y = line
+    for i, text in enumerate(title):
+        draw.text((4, 2 + _LINE * i), text, fill=(180, 0, 0) if i == 0 else (0, 0, 0), font=font)
+    return out
+
+
+def labelled(
+    pictures: list[Image.Image], names: list[str], gap: int = 8, title: tuple[str, ...] = TITLE
+) -> Image.Image:
+    """Pictures (`pca_picture`s) one above the other on white, under `title_strip` (that the weights
+    are random; what the two columns are), each with its name above it."""
+    from PIL import ImageFont
+
+    font = ImageFont.load_default(size=14)
+    line = _LINE
+    width = max(max(p.width for p in pictures), *(int(font.getlength(t)) + 8 for t in title))
+    top = title_strip(width, title)
+    height = top.height + sum(line + p.height for p in pictures) + gap * (len(pictures) - 1)
+    out = Image.new("RGB", (width, height), (255, 255, 255))
+    out.paste(top, (0, 0))
+    draw = ImageDraw.Draw(out)
+    y = top.height
     for name, p in zip(names, pictures):
         draw.text((4, y + 2), name, fill=(60, 60, 60), font=font)
         out.paste(p, (0, y + line))
@@ -328,14 +353,6 @@ def labelled(pictures: list[Image.Image], names: list[str], gap: int = 8) -> Ima
 
 
 # ---- the demo -----------------------------------------------------------------------------------
-def default_cache_dir() -> pathlib.Path:
-    """$QWEN_VIT_JAX_CACHE, else $XDG_CACHE_HOME/qwen_vit_jax, else ~/.cache/qwen_vit_jax."""
-    if os.environ.get("QWEN_VIT_JAX_CACHE"):
-        return pathlib.Path(os.environ["QWEN_VIT_JAX_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "qwen_vit_jax"
-
-
 def demo_config(variant: str = "qwen2.5-vl", size: str = "tiny") -> VisionConfig:
     """The demo's tower for `variant` (a key of VARIANTS) and `size` ("tiny" or "full")."""
     if variant not in VARIANTS:
@@ -365,8 +382,8 @@ def prepare_checkpoint(
         current = VisionConfig.from_hf(hf_dir) == cfg and load_converted(ours)[0] == cfg
     except (OSError, ValueError):
         current = False
-    if current:
-        log(f"checkpoint: cached {ours}")
+    if current:  # both folders: `verify HF_DIR CKPT` takes the HF one
+        log(f"checkpoint: cached, HF layout {hf_dir}, converted {ours}")
         return ours
     for stale in (hf_dir, ours):
         shutil.rmtree(stale, ignore_errors=True)
@@ -386,9 +403,10 @@ def prepare_checkpoint(
 def run_demo(
     size: str = "tiny",
     cache_dir: str | os.PathLike | None = None,
-    out: str | os.PathLike = "qwen_vit_jax_demo.png",
+    out: str | os.PathLike | None = None,
     log=print,
     variant: str = "qwen2.5-vl",
+    compile_cache: str | os.PathLike | None = None,
 ) -> pathlib.Path:
     """Build (or reuse) the random checkpoint, encode the sample images twice, save the PCA picture.
 
@@ -399,14 +417,19 @@ def run_demo(
       variant: "qwen2.5-vl" or "qwen3-vl" (with deepstack mergers: their features are computed
         with every call, the picture shows the final tokens).
       cache_dir: where the checkpoints are kept (default: `default_cache_dir()`).
-      out: the PNG to write.
+      out: the PNG to write (default: demo.png beside the checkpoint's hf/ and converted/ folders);
+        the last line names it by its absolute path.
       log: where progress lines go.
+      compile_cache: keep the compiled programs in this folder (`enable_compilation_cache`): a
+        second run loads them (default: JAX's own setting).
     Returns:
       the path of the PNG.
     """
-    from qwen_vit_jax.runtime.encoder import VisionEncoder
+    from qwen_vit_jax.runtime.encoder import VisionEncoder, enable_compilation_cache
 
     ckpt = prepare_checkpoint(size, cache_dir, log, variant)
+    if compile_cache is not None:
+        enable_compilation_cache(compile_cache)
     t0 = time.perf_counter()
     # The ladder only (no size declared tight): the second call shows the bucket reused.
     enc = VisionEncoder.from_pretrained(ckpt, dtype=DEMO_DTYPE[size])
@@ -456,8 +479,11 @@ def run_demo(
     )
 
     pictures = [pca_picture(im, emb, (h // m, w // m)) for im, emb, (h, w) in zip(images.values(), embs, grids)]
-    out = pathlib.Path(out)
+    out = (ckpt.parent / "demo.png" if out is None else pathlib.Path(out)).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    labelled(pictures, [f"{name} ({im.width}x{im.height} px)" for name, im in images.items()]).save(out, format="PNG")
+    info = PngInfo()
+    info.add_text("Description", ". ".join(TITLE))  # the title as text too, for tools that read it
+    picture = labelled(pictures, [f"{name} ({im.width}x{im.height} px)" for name, im in images.items()])
+    picture.save(out, format="PNG", pnginfo=info)
     log(f"saved the PCA picture (input | first 3 principal components of its tokens as RGB) -> {out}")
     return out

@@ -23,119 +23,71 @@ from qwen_vit_jax.tools.args import (
     add_compile_cache,
     add_dtype,
     add_overwrite,
+    cache_loads,
+    compile_cache_dir,
     load_encoder,
 )
 
+# Below this many inputs the default prepares them in this process (a background thread) instead of
+# starting worker processes: a worker's start-up (Python, then Grain, which imports jax) outweighs the
+# preprocessing a few dozen photos would move off this process. Whole `encode` runs of 1, 13 and 240
+# photos, --workers 0 vs the default: benchmarks/RESULTS.md, "The host path and workers".
+SMALL_RUN = 32
+
 
 def add_parser(sub, fmt) -> None:
-    from qwen_vit_jax.data.sources import suffixes
+    """The options by topic, one line of help each (the details: docs/encode.md, ENCODE_HELP)."""
+
+    def formatter(prog):  # room for the option column, so that each help stays on one line
+        return fmt(prog, max_help_position=32)
 
     p = sub.add_parser(
         "encode",
-        formatter_class=fmt,
+        formatter_class=formatter,
+        usage=f"{PROG} encode CKPT INPUT [INPUT ...] -o OUT [options]",
         help="images, videos and datasets -> embeddings file (.safetensors / .npz / .parquet)",
         description=ENCODE_HELP,
-        epilog=f"examples:\n  {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2 --max-pixels 1003520\n"
-        f"  {PROG} encode q3b 'shards/train-*.tar' -o emb.parquet --workers 8 --cache ~/.cache/qvj-emb\n"
-        f"  {PROG} encode q3b laion.parquet --image-column jpg --key-column url -o emb.parquet",
+        epilog=f"examples:\n  {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2\n"
+        f"  {PROG} encode q3b 'shards/*.tar' -o emb.parquet --cache emb_cache/\n"
+        f"  {PROG} encode q3b laion.parquet --key-column url -o emb.parquet",
     )
     add_checkpoint(p)
     p.add_argument(
         "inputs",
         metavar="INPUT",
         nargs="+",
-        help="image or video files, folders (their " + " ".join(sorted(suffixes())) + " files, sorted by "
-        "name), webdataset .tar shards, .parquet files, HF datasets (a save_to_disk folder, or hf:NAME[:SPLIT] "
-        "from the local cache), or glob patterns of these",
+        help="files, folders, .tar, .parquet, hf:NAME, globs",
     )
-    p.add_argument("-o", "--output", metavar="OUT", required=True, help="output file: .safetensors, .npz or .parquet")
-    add_dtype(p, help="compute dtype: float32 is exact vs HF; bfloat16 is ~2x faster on CPUs with bf16")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--resume",
-        action="store_true",
-        help="if OUT exists (or an interrupted run's OUT.parquet.parts), skip the inputs it already holds "
-        "(by key) and add the others; the checkpoint, dtype, pixel limits and frame sampling must match",
-    )
+    g = p.add_argument_group("output")
+    g.add_argument("-o", "--output", metavar="OUT", required=True, help="the file: .safetensors, .npz or .parquet")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="keep what OUT holds, encode the missing inputs")
     add_overwrite(mode, "OUT")
-    p.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
-    p.add_argument(
-        "--keep-going",
-        action="store_true",
-        help="skip inputs that cannot be read (each named in a warning; exit status 1) instead of stopping",
-    )
-    g = p.add_argument_group("datasets")
-    g.add_argument(
-        "--image-column",
-        metavar="NAME",
-        default="image",
-        help="the column of parquet files and HF datasets holding the image: bytes or HF's {bytes, path} "
-        "(default image)",
-    )
-    g.add_argument(
-        "--key-column",
-        metavar="NAME",
-        help="the column giving each row's key (default: FILE.parquet:ROW, or SPLIT:ROW for an HF dataset)",
-    )
-    g.add_argument(
-        "--allow-duplicate-keys",
-        action="store_true",
-        help="encode inputs that share a key (each once; --resume then counts them) instead of stopping",
-    )
-    g.add_argument(
-        "--cache",
-        metavar="DIR",
-        help="content-hash cache: an input whose bytes were encoded before with this checkpoint, dtype and "
-        "preprocessing is read from DIR; every input encoded is added",
-    )
-    g = p.add_argument_group("video frame sampling (default: the checkpoint's video config)")
+    g.add_argument("--keep-going", action="store_true", help="skip unreadable inputs (warned; exit status 1)")
+    g.add_argument("--cache", metavar="DIR", help="reuse embeddings of inputs met before (sha256)")
+    g = p.add_argument_group("inputs")
+    g.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
+    g.add_argument("--image-column", metavar="NAME", default="image", help="parquet / dataset image column (image)")
+    g.add_argument("--key-column", metavar="NAME", help="the column of each row's key (default FILE:ROW)")
+    g.add_argument("--allow-duplicate-keys", action="store_true", help="encode inputs that share a key")
+    g = p.add_argument_group("preprocessing (default: the checkpoint's configs)")
+    g.add_argument("--min-pixels", type=int, metavar="N", help="override the configs' min_pixels")
+    g.add_argument("--max-pixels", type=int, metavar="N", help="override the configs' max_pixels")
     g.add_argument("--fps", type=float, metavar="F", help="sample F frames per second of video")
-    g.add_argument("--num-frames", type=int, metavar="N", help="or sample N frames spread evenly over each video")
-    g.add_argument("--max-frames", type=int, metavar="N", help="sample at most N frames per video")
-    p.add_argument(
-        "--batch-patches",
-        type=int,
-        metavar="N",
-        help="most patches per forward call (default: the encoder's, 16384 per device); larger "
-        "batches amortise per-call costs, smaller ones use less memory",
-    )
-    p.add_argument(
-        "--min-pixels",
-        type=int,
-        metavar="N",
-        help="override the preprocessing min_pixels (also videos': per frame, Qwen3-VL: per clip)",
-    )
-    p.add_argument(
-        "--max-pixels",
-        type=int,
-        metavar="N",
-        help="override max_pixels (the Qwen hub value, 12845056, keeps a 12 MP photo at full size: ~16k patches)",
-    )
-    add_compile_cache(p)
-    g = p.add_argument_group("preprocessing")
-    g.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="worker processes that read, decode, resize and patchify the inputs (default: the cores left "
-        "after this process; 0: in this process); the output is the same for every N",
-    )
-    g.add_argument(
-        "--fast-decode",
-        action="store_true",
-        help="decode a JPEG at 1/2, 1/4 or 1/8 scale when it is resized to that or less anyway (2-4x less "
-        "decoding; not HF's pixels: docs/numerics.md)",
-    )
+    g.add_argument("--num-frames", type=int, metavar="N", help="or N frames spread over each video")
+    g.add_argument("--max-frames", type=int, metavar="N", help="at most N frames per video")
+    g.add_argument("--fast-decode", action="store_true", help="JPEGs decoded at 1/2..1/8 scale (not HF pixels)")
+    small = f"0 under {SMALL_RUN} inputs"
+    g.add_argument("--workers", type=int, metavar="N", help=f"input-preparing processes ({small})")
+    g = p.add_argument_group("compute")
+    add_dtype(g)
+    g.add_argument("--batch-patches", type=int, metavar="N", help="patches per forward call (16384 per device)")
+    add_compile_cache(g)
     g = p.add_argument_group("several processes (one shard of OUT each)")
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0 (jax.distributed)")
     g.add_argument("--num-processes", type=int, metavar="N", help="how many processes run this command")
     g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
-    g.add_argument(
-        "--distributed",
-        action="store_true",
-        help="let jax.distributed.initialize() find the cluster (SLURM, Open MPI, Cloud TPU, "
-        "Kubernetes) instead of the three flags above",
-    )
+    g.add_argument("--distributed", action="store_true", help="or let jax find the cluster (SLURM, MPI, TPU)")
     p.set_defaults(func=command)
 
 
@@ -163,7 +115,7 @@ def command(args) -> int:
             raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.workers is not None and args.workers < 0:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
-    workers = default_workers() if args.workers is None else args.workers
+    asked = capped_workers(args.workers)
     tune_allocator()  # this process decodes too with --workers 0 (and packs every batch)
     # before anything touches a device: jax.distributed must start first
     cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
@@ -194,7 +146,7 @@ def command(args) -> int:
             "(--key-column picks another column; --allow-duplicate-keys encodes each all the same)"
         )
 
-    enc = load_encoder(args.checkpoint, args.dtype, args.compile_cache)
+    enc = load_encoder(args.checkpoint, args.dtype, compile_cache_dir(args))
     limits = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
     image_cfg = dataclasses.replace(enc.preprocess, **limits)
     video_cfg = dataclasses.replace(enc.video_preprocess, **limits, **_sampling(args))
@@ -237,6 +189,8 @@ def command(args) -> int:
             f"process {cluster.index} of {cluster.count}: {len(todo)} of {count(len(records), 'input')} -> {target}",
             file=sys.stderr,
         )
+    workers = choose_workers(asked, len(todo), default_workers())
+    loads = cache_loads()
     # With several processes an unreadable input is skipped, as with --keep-going: every process must
     # reach the end, where the shards are indexed together.
     try:
@@ -264,7 +218,8 @@ def command(args) -> int:
         f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
         f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
         f"{count(workers, 'worker')}, {r.seconds_waiting / max(r.seconds, 1e-9):.0%} of it waiting for inputs; "
-        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s) -> {target} "
+        f"{enc.compile_count} program(s) compiled in {sum(enc.compile_seconds.values()):.1f} s"
+        f"{_loaded_note(cache_loads() - loads)}) -> {target} "
         f"({count(len(sink.done) + len(r.names), 'input')})"
     )
     print(
@@ -285,6 +240,37 @@ def command(args) -> int:
             f"{target} holds the others: fix or remove them and rerun with --resume"
         )
     return 0
+
+
+def _loaded_note(n: int) -> str:
+    """How many of the programs came from the compile cache (a second run of a command: all)."""
+    return f", {n} of them loaded from the compile cache" if n else ""
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def capped_workers(asked: int | None) -> int | None:
+    """--workers as asked, at most one per core: more only share the same cores, and each costs a
+    start (a warning names both numbers). None stays None (`choose_workers` decides)."""
+    if asked is not None and asked > (n := cores()):
+        instead = count(n, "worker")
+        print(
+            f"warning: --workers {asked} is more than the cores this process may use ({n}): {instead} instead",
+            file=sys.stderr,
+        )
+        return n
+    return asked
+
+
+def choose_workers(asked: int | None, inputs: int, default: int) -> int:
+    """The worker processes for a run of `inputs` inputs: `asked` when given; else none below
+    SMALL_RUN inputs (starting workers costs more than they save), else `default`."""
+    if asked is not None:
+        return asked
+    return 0 if inputs < SMALL_RUN else default
 
 
 # encode_files' words for what to do next -> this command's flags
@@ -319,6 +305,7 @@ class _Shown:
             self.bar.close()
             self.closed = True
         elif not update.finished:
+            self.bar.total = update.total  # an input that failed leaves the count
             self.bar.update_to(update.done)
 
 

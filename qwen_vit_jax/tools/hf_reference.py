@@ -354,7 +354,10 @@ def hf_tower(model):
     itself when it is a tower."""
     if hasattr(model, "thinker"):
         model = model.thinker
-    return model.model.visual if hasattr(model, "model") else model
+    if hasattr(model, "visual"):  # a thinker (its `model` is the text model up to transformers 5.17)
+        return model.visual
+    inner = getattr(model, "model", None)
+    return inner.visual if hasattr(inner, "visual") else model
 
 
 def reinit_(module, seed: int) -> None:
@@ -392,6 +395,11 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
     reinit_(hf_tower(model), seed)
     if cfg.variant == PADDLEOCR_VL:  # our merger is HF's projector, beside the tower
         reinit_(model.model.projector, seed + 1)
+        # transformers before 5.23 resampled the position table with align_corners=True; 5.23 changed
+        # it to False, the resampling we follow: an older reference is set as 5.23 builds it.
+        for m in model.modules():
+            if getattr(m, "interpolation_align_corners", False):
+                m.interpolation_align_corners = False
     return model
 
 

@@ -8,6 +8,8 @@ A converted directory holds:
                              over their taps, kernels [in, out] (weights/keys.py)
   preprocessor_config.json   copied from the HF directory when present
   video_preprocessor_config.json   likewise (Qwen3-VL checkpoints ship one)
+  hf_config.json             the HF config.json as it was: the language model's inputs (prompt/)
+                             read its token ids and position rules from it
 No torch, transformers or jax is imported here.
 """
 
@@ -34,6 +36,7 @@ from qwen_vit_jax.weights.safetensors_io import (
 FORMAT, FORMAT_VERSION = "qwen_vit_jax", 1
 PARAMS_FILE, PREPROCESSOR_FILE = "params.safetensors", "preprocessor_config.json"
 VIDEO_PREPROCESSOR_FILE = "video_preprocessor_config.json"
+HF_CONFIG_FILE = "hf_config.json"
 
 
 def _check_replaceable(out: pathlib.Path, hf_dir) -> None:
@@ -84,10 +87,10 @@ def convert_checkpoint(
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        for name in (PREPROCESSOR_FILE, VIDEO_PREPROCESSOR_FILE):
+        for name, dest in ((PREPROCESSOR_FILE,) * 2, (VIDEO_PREPROCESSOR_FILE,) * 2, (CONFIG_FILE, HF_CONFIG_FILE)):
             if (hf_dir / name).is_file():
-                shutil.copyfile(hf_dir / name, tmp / name)
-                fsync(tmp / name)
+                shutil.copyfile(hf_dir / name, tmp / dest)
+                fsync(tmp / dest)
     return out
 
 

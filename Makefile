@@ -1,0 +1,70 @@
+# Two commands on a fresh machine (Linux or macOS, Python >= 3.10):
+#   make demo   a venv with the runtime only, then `qwen-vit-jax demo`
+#   make test   the test pieces on top (torch's CPU wheel first), ruff, then the whole suite
+# Both are idempotent: an install step runs again only when pyproject.toml changes (its stamp file
+# is named by the file's hash), so a second run installs nothing.
+#   make test VENV=/tmp/v PYTEST_ARGS='-m "not slow"'   another venv, the fast subset
+
+VENV ?= .venv
+PYTHON ?= python3
+PYTEST_ARGS ?=
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The stamps are keyed by pyproject.toml's content: an edited dependency list installs again.
+HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:12])")
+RUNTIME := $(VENV)/.stamp-runtime-$(HASH)
+TESTING := $(VENV)/.stamp-test-$(HASH)
+
+.PHONY: demo test lint install install-test
+
+demo: $(RUNTIME)
+	$(VENV)/bin/qwen-vit-jax demo
+
+install: $(RUNTIME)
+
+install-test: $(TESTING)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# The runtime only: jax, flax, numba, grain, pillow, simplejpeg, safetensors. No torch, no PyAV
+# (`pip install -e ".[video]"` adds video files; the demo encodes generated images).
+$(RUNTIME): | $(PY)
+	$(PIP) install -q -e .
+	rm -f $(VENV)/.stamp-runtime-*
+	touch $@
+
+# torch is the tests' reference only. Without the CPU index pin the release: pip would otherwise be
+# free to take any torch the test extra's range allows, and on Linux x86-64 the registry's torch is
+# the CUDA build (multi-GB); a torch already in the venv is kept.
+$(TESTING): $(RUNTIME)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch: keeping the one installed"; \
+	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
+		echo "torch: the CPU wheel from $(TORCH_CPU_INDEX)"; \
+		$(PIP) install -q "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
+	else \
+		echo "torch: $(TORCH_CPU_INDEX) is not reachable; torch==$(TORCH_VERSION) from the configured index"; \
+		$(PIP) install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	@$(PY) -c "import shutil, torch; torch.version.cuda and not shutil.which('nvidia-smi') and print( \
+		'warning: torch', torch.__version__, 'is a CUDA build and this machine has no nvidia-smi;', \
+		'README.md (Quick start) says how to take the CPU wheel')"
+	$(PIP) install -q -e ".[test,accel]"
+	rm -f $(VENV)/.stamp-test-*
+	touch $@
+
+lint: $(TESTING)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
+# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure.
+test: lint
+	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
+	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc

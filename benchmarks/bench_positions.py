@@ -1,0 +1,274 @@
+"""The language model's host inputs: our `rope_index` + `plan_splice` (the splice's host indices)
+vs HF 5.x's Qwen2.5-VL `model.model.get_rope_index` + `get_placeholder_mask`, per request.
+
+  ours   qwen_vit_jax.prompt: rope_index(ckpt, input_ids, image_grid_thw=, video_grid_thw=,
+         attention_mask=) (token types computed from the ids inside) and plan_splice(ckpt, input_ids,
+         image rows, video rows). The checkpoint's PromptConfig is read once (as in a server).
+  HF     get_rope_index(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw,
+         attention_mask=) (mm_token_type_ids given: the processor computed them) and
+         get_placeholder_mask(input_ids, inputs_embeds, image_features, video_features) (its
+         count checks included), torch tensors on the CPU, no grad.
+Neither side's time includes the device's masked_scatter / gather, nor the embedding width (the
+index work does not depend on it: D = 16 here).
+
+Cases (Qwen2.5-VL token ids; each image / video run wrapped in <|vision_start|> .. <|vision_end|>):
+  1 image      a 100-token prompt with one 36x36-patch image (324 tokens)
+  1 video      a [10, 36, 36] video (3,240 tokens) in a 100-token prompt
+  10 videos    ten such videos (32,400 tokens)
+  20-turn chat 20 turns of 80 text tokens and one 32x40-patch image (320 tokens) each: 8,040 tokens
+  batch 64     64 prompts of 40-200 text tokens and one image of 8..24 x 8..24 patches, left-padded
+  prefix cache the 20-turn chat where only the last turn is new: positions are computed for the
+               whole prompt (those of the new tokens depend on everything before; HF has no other
+               way), the splice's indices / placeholder masks for the last turn only.
+
+Each side runs in its own process; HF twice (torch's default threads and one thread, with
+OMP_WAIT_POLICY=ACTIVE), ratios against the faster. Processes alternate for --rounds rounds; times
+are medians of the per-call timings of all rounds.
+
+    python benchmarks/bench_positions.py [--quick] [--repeats N] [--rounds N] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import common
+import numpy as np
+
+IMAGE, VIDEO, VS, VE = 151655, 151656, 151652, 151653
+WIDTH = 16
+CASES = ("1 image", "1 video", "10 videos", "20-turn chat", "batch 64", "prefix cache")
+
+
+def hf_config() -> dict:
+    """A whole Qwen2.5-VL config whose get_rope_index reads the released token ids and rules."""
+    return {
+        "model_type": "qwen2_5_vl",
+        "image_token_id": IMAGE,
+        "video_token_id": VIDEO,
+        "vision_start_token_id": VS,
+        "vision_end_token_id": VE,
+        "text_config": {
+            "hidden_size": WIDTH,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "vocab_size": 152064,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0},
+        },
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 16,
+            "num_heads": 1,
+            "out_hidden_size": WIDTH,
+            "fullatt_block_indexes": [0],
+            "tokens_per_second": 2,
+        },
+    }
+
+
+def _run(kind: int, grid) -> list[int]:
+    return [VS] + [kind] * (int(np.prod(grid)) // 4) + [VE]
+
+
+def _text(rng, n: int) -> list[int]:
+    return rng.integers(0, 150000, n).tolist()
+
+
+def make_case(name: str, seed: int = 0) -> dict:
+    """input_ids [B, L] int64, attention_mask, image / video grids (None when none), and `new`: the
+    first column of the new tokens (0: the whole prompt is new)."""
+    rng = np.random.default_rng(seed)
+    images, videos, rows, new = [], [], [], 0
+    if name == "1 image":
+        images = [[1, 36, 36]]
+        rows = [_text(rng, 50) + _run(IMAGE, images[0]) + _text(rng, 50)]
+    elif name in ("1 video", "10 videos"):
+        videos = [[10, 36, 36]] * (1 if name == "1 video" else 10)
+        row = _text(rng, 50)
+        for g in videos:
+            row += _run(VIDEO, g) + _text(rng, 5)
+        rows = [row + _text(rng, 50)]
+    elif name in ("20-turn chat", "prefix cache"):
+        row = []
+        for _ in range(20):
+            images.append([1, 32, 40])
+            new = len(row)
+            row += _text(rng, 40) + _run(IMAGE, images[-1]) + _text(rng, 40)
+        rows = [row]
+        new = new if name == "prefix cache" else 0
+    elif name == "batch 64":
+        for _ in range(64):
+            images.append([1, int(rng.integers(4, 13)) * 2, int(rng.integers(4, 13)) * 2])
+            n = int(rng.integers(40, 201))
+            rows.append(_text(rng, n // 2) + _run(IMAGE, images[-1]) + _text(rng, n - n // 2))
+    length = max(len(r) for r in rows)
+    ids = np.zeros((len(rows), length), np.int64)
+    mask = np.zeros((len(rows), length), np.int64)
+    for b, r in enumerate(rows):
+        ids[b, length - len(r) :], mask[b, length - len(r) :] = r, 1
+    grid = lambda g: np.array(g, np.int64).reshape(-1, 3) if g else None  # noqa: E731
+    return {"ids": ids, "mask": mask, "images": grid(images), "videos": grid(videos), "new": new}
+
+
+def _rows(ids, grids) -> int | None:
+    return None if grids is None else int((np.prod(grids, axis=1) // 4).sum())
+
+
+def _ours(fns, cfg, ids, mask, images, videos, tail, rows, new):
+    rope_index, plan_splice = fns
+    pos, deltas = rope_index(cfg, ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask)
+    return pos[:, :, new:], deltas, plan_splice(cfg, tail, *rows)
+
+
+def _hf(model, ids, types, images, videos, mask, tail, embeds, feats, new):
+    pos, deltas = model.get_rope_index(ids, types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask)
+    masks = model.get_placeholder_mask(tail, embeds, image_features=feats[0], video_features=feats[1])
+    return pos[:, :, new:], deltas, masks
+
+
+def ours_worker(p: dict) -> dict:
+    import time
+
+    t0 = time.perf_counter()
+    from qwen_vit_jax.prompt.config import config_from_dict
+    from qwen_vit_jax.prompt.positions import rope_index
+    from qwen_vit_jax.prompt.splice import plan_splice
+
+    cfg = config_from_dict(hf_config())
+    out = {"import_s": time.perf_counter() - t0}
+    for name in p["cases"]:
+        c = make_case(name)
+        new = c["new"]
+        tail = c["ids"][:, new:]  # the tokens whose embeddings are spliced
+        tail_images = c["images"][-1:] if new else c["images"]  # prefix cache: the last turn's image
+        rows = (_rows(tail, tail_images), _rows(tail, c["videos"]))
+        args = ((rope_index, plan_splice), cfg, c["ids"], c["mask"], c["images"], c["videos"], tail, rows, new)
+        first = common.time_calls(_ours, 1, *args)[0]  # numba's cache loaded, pages touched
+        out[name] = {"first": first, "times": common.summary(common.time_calls(_ours, p["repeats"][name], *args))}
+    return out
+
+
+def hf_worker(p: dict) -> dict:
+    import torch
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    torch.manual_seed(0)
+    d = hf_config()
+    model = Qwen2_5_VLModel(
+        Qwen2_5_VLConfig(
+            text_config=d["text_config"],
+            vision_config=d["vision_config"],
+            **{k: v for k, v in d.items() if k.endswith("_token_id")},
+        )
+    ).eval()
+    out = {"torch_threads": torch.get_num_threads(), "versions": common.versions("torch", "transformers")}
+    with torch.no_grad():
+        for name in p["cases"]:
+            c = make_case(name)
+            new = c["new"]
+            ids, mask = torch.from_numpy(c["ids"]), torch.from_numpy(c["mask"])
+            types = torch.zeros_like(ids, dtype=torch.int32)  # what the processor returns beside the ids
+            types[ids == IMAGE], types[ids == VIDEO] = 1, 2
+            images = None if c["images"] is None else torch.from_numpy(c["images"])
+            videos = None if c["videos"] is None else torch.from_numpy(c["videos"])
+            tail = ids[:, new:]
+            embeds = torch.zeros((*tail.shape, WIDTH))
+            tail_images = c["images"][-1:] if new else c["images"]
+            img_feats = None if images is None else torch.zeros((_rows(tail, tail_images), WIDTH))
+            vid_feats = None if videos is None else torch.zeros((_rows(tail, c["videos"]), WIDTH))
+
+            args = (model, ids, types, images, videos, mask, tail, embeds, (img_feats, vid_feats), new)
+            first = common.time_calls(_hf, 1, *args)[0]
+            out[name] = {"first": first, "times": common.summary(common.time_calls(_hf, p["repeats"][name], *args))}
+    return out
+
+
+def check_equal() -> None:
+    """Ours equals HF on every case (positions, deltas, the masks our plan implies), in one process
+    (imports torch and jax: run by --check, not by the timed workers)."""
+    import torch
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    from qwen_vit_jax.prompt.config import config_from_dict
+    from qwen_vit_jax.prompt.positions import rope_index
+    from qwen_vit_jax.prompt.splice import plan_splice
+
+    d = hf_config()
+    model = Qwen2_5_VLModel(
+        Qwen2_5_VLConfig(
+            text_config=d["text_config"],
+            vision_config=d["vision_config"],
+            **{k: v for k, v in d.items() if k.endswith("_token_id")},
+        )
+    ).eval()
+    cfg = config_from_dict(d)
+    for name in CASES:
+        c = make_case(name)
+        ids = torch.from_numpy(c["ids"])
+        types = torch.zeros_like(ids, dtype=torch.int32)
+        types[ids == IMAGE], types[ids == VIDEO] = 1, 2
+        g = [None if x is None else torch.from_numpy(x) for x in (c["images"], c["videos"])]
+        want, want_d = model.get_rope_index(ids, types, *g, attention_mask=torch.from_numpy(c["mask"]))
+        got, got_d = rope_index(
+            cfg, c["ids"], image_grid_thw=c["images"], video_grid_thw=c["videos"], attention_mask=c["mask"]
+        )
+        assert np.array_equal(got, want.numpy()) and np.array_equal(got_d, want_d.numpy()), name
+        plan = plan_splice(cfg, c["ids"], _rows(c["ids"], c["images"]), _rows(c["ids"], c["videos"]))
+        assert np.array_equal(plan.visual_pos_masks, (types > 0).numpy()), name
+    common.log("ours == HF on every case")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=200, help="timed calls per case and process (fewer for big cases)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
+    ap.add_argument("--quick", action="store_true", help="20 repeats, 1 round")
+    ap.add_argument("--check", action="store_true", help="first check ours == HF on every case")
+    ap.add_argument("--out", help="JSON path (default: benchmarks/results/positions[-quick].json)")
+    args = ap.parse_args()
+    if args.check:
+        common.run_worker(__file__, "check", {})
+    repeats, rounds = (20, 1) if args.quick else (args.repeats, args.rounds)
+    # the big cases take HF up to seconds per call
+    reps = {n: max(3, repeats // (20 if n in ("10 videos", "batch 64") else 4 if n != "1 image" else 1)) for n in CASES}
+    payload = {"cases": list(CASES), "repeats": reps}
+    ours_runs, hf_runs = [], [[], []]
+    for _ in range(rounds):
+        ours_runs.append(common.run_worker(__file__, "ours", payload))
+        for runs, t in zip(hf_runs, (None, 1)):
+            runs.append(common.run_worker(__file__, "hf", payload, env=common.torch_env(t)))
+
+    def med(runs, name):
+        return float(np.median([t for r in runs for t in r[name]["times"]["times"]]))
+
+    threads = [r[0]["torch_threads"] for r in hf_runs]
+    headers = ["case", "tokens", *(f"HF {t} thr" for t in threads), "ours", "HF / ours"]
+    rows, records = [], []
+    for name in CASES:
+        c = make_case(name)
+        hfs = [med(runs, name) for runs in hf_runs]
+        ours = med(ours_runs, name)
+        tokens = f"{c['ids'].shape[0]} x {c['ids'].shape[1]}"
+        rows.append([name, tokens, *map(common.fmt_seconds, hfs), common.fmt_seconds(ours), f"{min(hfs) / ours:.0f}x"])
+        records.append({"case": name, "shape": list(c["ids"].shape), "hf": hfs, "ours": ours, "ratio": min(hfs) / ours})
+    print(f"Positions + splice indices vs HF, medians of {rounds} round(s) (ratio vs the faster HF run)\n")
+    print(common.markdown_table(headers, rows))
+    print(f"\n{common.machine_line()}")
+    versions = {**common.versions("numba", "numpy"), **hf_runs[0][0]["versions"]}
+    common.write_json(
+        args.out or common.default_out("positions", args.quick),
+        {"bench": "positions", "rounds": rounds, "repeats": reps, "cases": records, "versions": versions},
+    )
+
+
+def _check_worker(p: dict) -> dict:
+    check_equal()
+    return {}
+
+
+if __name__ == "__main__" and not common.worker_main({"ours": ours_worker, "hf": hf_worker, "check": _check_worker}):
+    main()
