@@ -302,7 +302,6 @@ def loader(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax.data.pipeline import tune_allocator
-    from qwen_vit_jax.preprocess.config import PreprocessConfig
 
     tune_allocator()  # as the CLI
     paths = sorted(str(x) for x in pathlib.Path(p["folder"]).iterdir())
@@ -311,7 +310,7 @@ def loader(p: dict) -> dict:
         for w in p["workers"]:
             t0 = time.perf_counter()
             first, n = None, 0
-            with qvj.data.load(paths, config=PreprocessConfig(), workers=w) as items:
+            with qvj.data.load(paths, preprocessing=qvj.Preprocessing.defaults("qwen2_5_vl"), workers=w) as items:
                 for item in items:
                     jax.device_put(item.patches.data).block_until_ready()
                     if first is None:
@@ -337,13 +336,13 @@ def fast_decode(p: dict) -> dict:
     from qwen_vit_jax.data.inputs import draft_size
 
     enc = qvj.VisionEncoder.from_pretrained(p["ckpt"])
-    cfg = dataclasses.replace(enc.preprocess, max_pixels=224 * 224)
+    prep = enc.preprocessing.with_limits(max_pixels=224 * 224)
     out = {}
     for name in ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "retina"):
         path = INPUTS / f"skimage_{name}.jpg"
         if not path.exists():
             Image.fromarray(getattr(photos, name)()).convert("RGB").save(path, "JPEG", quality=90)
-        exact, fast = (qvj.data.load([str(path)], config=cfg, workers=0, fast_decode=f) for f in (False, True))
+        exact, fast = (qvj.data.load([str(path)], preprocessing=prep, workers=0, fast_decode=f) for f in (False, True))
         with exact, fast:
             (a,), (b,) = list(exact), list(fast)
         d = a.patches.data.astype(np.float64) - b.patches.data
@@ -352,7 +351,7 @@ def fast_decode(p: dict) -> dict:
         out[name] = {
             "size": list(getattr(photos, name)().shape[:2]),
             "grid": a.grid[0].tolist(),
-            "draft": draft_size(str(path), cfg, enc.cfg.variant) is not None,
+            "draft": draft_size(str(path), prep.image, enc.cfg.variant) is not None,
             "pixel_mean_abs": float(np.abs(d).mean()),
             "pixel_max_abs": float(np.abs(d).max()),
             "psnr_db": float(10 * np.log10(255**2 / max((d**2).mean(), 1e-12))),
@@ -404,7 +403,6 @@ def host_bound_checkpoint() -> str:
     width 32, window attention only (the demo's tiny tower has full-attention blocks: on 4,888 rows
     they cost this CPU ~250 ms per 1080p image, far more than its preprocessing). Random weights,
     written in HF's layout and converted (no torch)."""
-    import dataclasses
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax.tools.demo import TINY, write_random_hf_checkpoint

@@ -80,7 +80,7 @@ def analyze(payload: dict) -> dict:
         for n in payload["patches"]:
             side = int(round(n**0.5))
             (plan,) = planlib.make_plans([[1, side, side]], cfg, enc.policy)
-            a = _analysis(enc._program(plan.bucket))
+            a = _analysis(enc.programs.get(plan.bucket))
             rows.append(
                 {
                     "preset": payload["preset"],
@@ -115,8 +115,8 @@ def rss(payload: dict) -> dict:
     enc = VisionEncoder.from_pretrained(ckpt, dtype="float32", policy=planlib.BucketPolicy(max_patches=m))
     plans = planlib.make_plans(grid, enc.cfg, enc.policy)
     buckets = sorted({p.bucket.patches for p in plans})
-    analyses = [_analysis(enc._program(p.bucket)) for p in plans]
-    weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in jax.tree.leaves(enc._state))
+    analyses = [_analysis(enc.programs.get(p.bucket)) for p in plans]
+    weights = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in jax.tree.leaves(enc.programs.state))
     n = sum(p.n_patches for p in plans)
     pixels = np.random.default_rng(0).standard_normal((n, enc.cfg.patch_dim), dtype=np.float32)
     steady = _status_kib("VmRSS") * 1024

@@ -385,17 +385,16 @@ def u16_forward_worker(p: dict) -> dict:
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax.model.vit import from_bits, layer_schedule, rotary_cos_sin
-    from qwen_vit_jax.plan import as_grid
 
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
     g = np.array([[1, p["side"], p["side"]]])
-    plans, pixels = enc._prepare(common.random_pixels(g, enc.cfg.patch_dim), as_grid(g, enc.cfg))
-    px, plan = jax.device_put((pixels[0], plans[0]), enc.device)
-    blocks_gd, bits = nnx.split(nnx.merge(enc._graphdef, enc._state).blocks)
+    prepared = enc.prepare(common.random_pixels(g, enc.cfg.patch_dim), g)
+    px, plan = jax.device_put(prepared.calls[0], enc.device)
+    blocks_gd, bits = nnx.split(nnx.merge(enc.programs.graphdef, enc.programs.state).blocks)
     stacks = jax.tree.map(from_bits, bits)  # the whole bf16 stacks, as the encoder held them before as_bits
 
     def fwd(state, stacks, pixels, plan):
-        model = nnx.merge(enc._graphdef, state)
+        model = nnx.merge(enc.programs.graphdef, state)
         cfg = model.cfg
         x = model.patch_embed(pixels)
         cos, sin = rotary_cos_sin(plan.pos_ids, cfg.head_dim, cfg.rope_theta)
@@ -422,12 +421,12 @@ def u16_forward_worker(p: dict) -> dict:
         x, _ = jax.lax.scan(group, x, jnp.arange(groups))
         return model.merger(x)
 
-    base = enc._program(plan.bucket)
-    new = jax.jit(fwd).lower(enc._state, stacks, px, plan).compile()
+    base = enc.programs.get(plan.bucket)
+    new = jax.jit(fwd).lower(enc.programs.state, stacks, px, plan).compile()
     text = new.as_text()
     calls = {
-        "encoder program": lambda: jax.block_until_ready(base(enc._state, px, plan)[0]),  # (tokens, deepstack)
-        "bf16 stacks": lambda: jax.block_until_ready(new(enc._state, stacks, px, plan)),
+        "encoder program": lambda: jax.block_until_ready(base(enc.programs.state, px, plan)[0]),  # (tokens, deepstack)
+        "bf16 stacks": lambda: jax.block_until_ready(new(enc.programs.state, stacks, px, plan)),
     }
     ys = {k: np.asarray(f()) for k, f in calls.items()}
     times = {k: [] for k in calls}

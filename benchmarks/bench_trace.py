@@ -96,7 +96,7 @@ def worker(p: dict) -> dict:
         enc.encode(px, grid)
     (bucket,) = [Bucket(**b) for b in enc.cost_report(grid)["buckets"]]
     times = common.time_calls(enc.encode, 3, px, grid)
-    hlo = enc._program(bucket).as_text()
+    hlo = enc.programs.get(bucket).as_text()
     meta, shape = {}, {}
     for line in hlo.splitlines():
         m = re.match(r"\s*(?:ROOT )?%(\S+) = (\S+) .*?op_name=\"([^\"]*)\"", line)

@@ -32,7 +32,7 @@ def main():
     cfg = qvj.PRESETS[args.preset]
     grid = [[int(x) for x in args.grid.split(",")]]
     (plan,) = qvj.make_plans(grid, cfg)
-    graphdef, state = nnx.split(abstract_model(cfg, numerics_for("float32")))
+    graphdef, state = nnx.split(abstract_model(cfg, numerics=numerics_for("float32")))
     pixels = jax.ShapeDtypeStruct((plan.bucket.patches, cfg.patch_dim), jnp.float32)
     weights = jax.ShapeDtypeStruct((plan.bucket.patches // cfg.merge_unit, cfg.out_dim), jnp.float32)
     print(

@@ -30,11 +30,11 @@ import importlib
 
 _EXPORTS = {
     "PRESETS": "presets",
-    "abstract_model": "tools.aot",
+    "abstract_model": "model.vit",
     "VisionConfig": "config",
     "convert_checkpoint": "weights.convert",
     "VisionEncoder": "runtime.encoder",
-    "enable_compilation_cache": "runtime.encoder",
+    "enable_compilation_cache": "runtime.program",
     "Embeddings": "data.embeddings",
     "read_embeddings": "data.embeddings",
     "write_embeddings": "data.embeddings",
@@ -50,6 +50,7 @@ _EXPORTS = {
     "add_lora": "model.lora",
     "merge_lora": "model.lora",
     "PreprocessConfig": "preprocess.config",
+    "Preprocessing": "preprocess.config",
     "preprocess_images": "preprocess.images",
     "preprocess_paddleocr_images": "preprocess.images",
     "preprocess_glm4v_images": "preprocess.images",

@@ -106,8 +106,8 @@ def test_pad_plan_is_exact(tiny_encoder):
     big = devlib.pad_plan(plan, dataclasses.replace(b, windows=b.windows + 3, tiles=b.tiles + 2, key_rows=b.patches))
     assert big.window_tokens.shape == (b.windows + 3, b.window_rows) and big.tile_block.shape == (b.tiles + 2,)
     px = np.random.default_rng(0).standard_normal((int(np.prod(grid, 1).sum()), TINY.patch_dim), np.float32)
-    forward = jax.jit(tiny_encoder._forward)
-    ref, got = (np.asarray(p.unpad(forward(tiny_encoder._state, p.take(px), p)[0])) for p in (plan, big))  # tokens
+    forward, state = jax.jit(tiny_encoder.programs.forward), tiny_encoder.programs.state
+    ref, got = (np.asarray(p.unpad(forward(state, p.take(px), p)[0])) for p in (plan, big))  # tokens
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-6
     with pytest.raises(ValueError, match="cannot pad"):
         devlib.pad_plan(big, b)
@@ -174,7 +174,7 @@ def _child(ckpt: str) -> None:
             "rel": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
             "max_item_rel": max(items),
             "programs": count,
-            "buckets": len(set(many._buckets(g))),
+            "buckets": len(set(many.prepare(px, g).buckets)),
             "recompiled": many.compile_count - count,
         }
         if name == "mixed":  # the cost report counts every device's copy of the step's bucket

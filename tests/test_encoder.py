@@ -133,7 +133,7 @@ def test_forward_has_no_conditionals(enc):
     """The layer kinds are fixed at trace time: no conditional (on GPU a conditional reads its
     predicate back to the host) and no host callback in the compiled program."""
     bucket = enc.warmup([[[2, 8, 8], [1, 4, 6]]])[0]
-    hlo = enc._program(bucket).as_text()
+    hlo = enc.programs.get(bucket).as_text()
     assert " conditional(" not in hlo and "callback" not in hlo.lower()
 
 
@@ -306,13 +306,13 @@ def test_bf16_weight_stacks_held_as_bits_are_exact():
 
     cfg = TINY25
     enc = qvj.VisionEncoder(cfg, random_params(cfg), dtype="bfloat16", tight_after=None)
-    flat = dict(nnx.to_flat_state(enc._state))
+    flat = dict(nnx.to_flat_state(enc.programs.state))
     assert flat[("blocks", "mlp", "up", "kernel")].dtype == np.uint16
     assert flat[("patch_embed", "kernel")].dtype == jax.numpy.bfloat16  # not stacked: as it is
-    plain = jax.tree.map(from_bits, enc._state)
+    plain = jax.tree.map(from_bits, enc.programs.state)
     grid = [[1, 8, 12], [2, 4, 4]]
     px = pixels(cfg, grid)
     (plan,) = qvj.make_plans(grid, cfg)
-    tokens, _ = jax.jit(enc._forward)(plain, plan.take(px, jax.numpy.bfloat16), plan)  # (tokens, deepstack)
+    tokens, _ = jax.jit(enc.programs.forward)(plain, plan.take(px, jax.numpy.bfloat16), plan)  # (tokens, deepstack)
     ref = plan.unpad(np.asarray(tokens))
     np.testing.assert_array_equal(enc.encode(px, grid), ref)

@@ -195,11 +195,11 @@ def test_load_image_is_hfs(tmp_path):
 def test_fast_decode_is_close_not_exact(tmp_path):
     from skimage import data as photos
 
-    cfg = PreprocessConfig(max_pixels=300 * 400)
+    prep = qvj.Preprocessing.defaults("qwen2_5_vl").with_limits(max_pixels=300 * 400)
     big = Image.fromarray(photos.astronaut()).resize((1600, 1200), Image.BICUBIC)
     path = _jpeg(tmp_path, "big.jpg", big, quality=90)
-    exact = qvj.data.load([path], config=cfg, workers=0)
-    fast = qvj.data.load([path], config=cfg, workers=0, fast_decode=True)
+    exact = qvj.data.load([path], preprocessing=prep, workers=0)
+    fast = qvj.data.load([path], preprocessing=prep, workers=0, fast_decode=True)
     with exact, fast:
         (a,), (b,) = list(exact), list(fast)
     assert (a.grid == b.grid).all()

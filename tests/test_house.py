@@ -1,10 +1,12 @@
 """The package's shape: imports point down the layers with no circle (lazy imports inside functions
-count), no module is over 600 lines, few modules sit at the top, and `--help` needs no jax."""
+count), no module is over 600 lines, few modules sit at the top, `--help` needs no jax, the encoder
+is a small facade and nothing outside runtime/ reaches into its private members."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -161,3 +163,45 @@ def test_a_worker_imports_no_jax():
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
+
+
+REPO = ROOT.parent
+MAX_ENCODER_LINES = 250
+# Where code may use the encoder: everything but runtime/, which holds the encoder and its parts.
+OUTSIDE = ["benchmarks", "tests", "examples", "notebooks", *(f"qwen_vit_jax/{p.name}" for p in ROOT.iterdir())]
+
+
+def _private_names() -> set[str]:
+    """The private members of the encoder and its parts: every `self._name` the facade and the parts
+    define (runtime/*.py and the plan layer's bucket choice)."""
+    names = set()
+    for path in [*(ROOT / "runtime").glob("*.py"), ROOT / "plan" / "choice.py"]:
+        names.update(re.findall(r"\bself\.(_[a-z]\w*)\s*(?::[^=\n]*)?=", path.read_text()))
+        names.update(re.findall(r"^\s+def (_[a-z]\w*)\(", path.read_text(), re.M))
+    return names
+
+
+def test_no_private_encoder_access_outside_runtime():
+    """Benchmarks, tests, examples, notebooks and the package outside runtime/ use the encoder's and
+    its parts' public names (enc.programs, enc.bucket_choice, enc.prepare / run, ...), never a
+    private member: `enc._x`, `encoder._x`, or any name.`_x` where `_x` is one of the parts' own."""
+    names = _private_names()
+    assert {"_compiled", "_declared"} <= names  # the parts' members are seen
+    own = re.compile(r"\b(?!self\b)\w+\.(" + "|".join(sorted(names)) + r")\b")
+    named = re.compile(r"\b\w*(?:enc|encoder)\._\w")
+    found = []
+    for top in OUTSIDE:
+        base = REPO / top
+        files = [base] if base.is_file() else sorted(base.rglob("*"))
+        for path in files:
+            if path.suffix not in (".py", ".ipynb", ".sh") or path.name == "test_house.py" or "runtime" in path.parts:
+                continue
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if named.search(line) or own.search(line):
+                    found.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not found, "private encoder members used outside runtime/:\n" + "\n".join(found)
+
+
+def test_encoder_is_a_small_facade():
+    n = len((ROOT / "runtime" / "encoder.py").read_text().splitlines())
+    assert n < MAX_ENCODER_LINES, f"runtime/encoder.py has {n} lines; its parts hold the work (<{MAX_ENCODER_LINES})"

@@ -16,7 +16,7 @@ that prepares the inputs (`qvj.data.load`). Read in this order:
   cache.py         the content-hash cache (--cache DIR): entries keyed by checkpoint, dtype,
                    preprocessing and the bytes' sha256, checksummed.
   encode_files.py  the encode loop: items packed into calls, identical inputs encoded once, periodic
-                   saves, --resume, --keep-going, Ctrl-C and dead workers.
+                   saves, resuming, skipping unreadable inputs, Ctrl-C and dead workers.
   ray_data.py      Ray Data's stages (`qvj.ray.preprocess`, `qvj.ray.Encoder`).
 
 Names load on first use: importing this package costs nothing; `qvj.data.load` imports Grain.

@@ -92,7 +92,7 @@ class EmbeddingCache:
         path = self._path(digest)
         path.parent.mkdir(exist_ok=True)
         meta = {"format": FORMAT, "version": str(VERSION), "digest": digest, "checksum": _checksum(*arrays)}
-        with atomic_file(path, durable=False) as tmp:  # no fsync (2 ms each): a torn entry fails its checksum
+        with atomic_file(path, durable=False) as tmp:  # no fsync: a torn entry fails its checksum
             write_safetensors(tmp, dict(zip(("grid_thw", "embedding", "timestamps"), arrays)), meta)
 
 

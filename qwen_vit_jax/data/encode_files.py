@@ -1,7 +1,7 @@
 """The loop of `qwen-vit-jax encode`: inputs prepared by the worker pipeline (pipeline.py) in input
 order, packed into calls by patch budget, encoded, and written to an embeddings file (sinks.py) with
-progress, periodic saves, --resume and --keep-going. cli.py parses the arguments and calls
-`encode_files`.
+progress (a callback), periodic saves, resuming and skipping unreadable inputs. The CLI
+(tools/encode.py) parses its flags, calls `encode_files` and shows its `Update`s.
 
 Content-hash dedupe: every item carries the sha256 of its bytes. An input whose bytes this run has
 met before is not encoded: its row copies the first one's (the same bytes, preprocessing, checkpoint
@@ -15,27 +15,40 @@ whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, WorkerError, load
 from qwen_vit_jax.data.sinks import open_sink
-from qwen_vit_jax.data.stream import Progress, count
+from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.plan.contract import Patches
-from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
 
 SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs at most this)
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """What `encode_files` tells its `progress` callback: `done` of `total` inputs are done (encoded,
+    copied, or read from the cache; an input that failed is never shown as done, and leaves `total`
+    when skipped); `note`, when not None, is a line to show (a
+    video read at every frame, an input slow to prepare, a skipped input); `finished` on the last
+    update (after it, only notes of skipped inputs)."""
+
+    done: int
+    total: int
+    note: str | None = None
+    finished: bool = False
 
 
 @dataclasses.dataclass
 class Result:
     names: list[str]  # the inputs this run added, in order
     tokens: int
-    failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (--keep-going)
+    failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (keep_going)
     seconds: float
     seconds_waiting: float  # of those, spent waiting for the workers (the device idle)
     encoded: int = 0  # inputs the tower ran on
@@ -130,71 +143,76 @@ def encode_files(
     target,
     meta: dict,
     *,
-    video_cfg: PreprocessConfig,
-    image_cfg: PreprocessConfig,
-    batch_patches: int,
-    keep_going: bool,
+    preprocessing: Preprocessing | None = None,
+    batch_patches: int | None = None,
+    keep_going: bool = False,
     resume: bool = False,
     save_empty: bool = False,
     workers: int = 0,
     fast_decode: bool = False,
     cache=None,
     sink=None,
+    progress: Callable[[Update], None] | None = None,
+    image_cfg: PreprocessConfig | None = None,
+    video_cfg: PreprocessConfig | None = None,
 ) -> Result:
     """Encode `inputs` (paths or sources.Records; consecutive inputs packed into calls of at most
-    `batch_patches` patches) and write them after what `target` holds when resuming.
+    `batch_patches` patches, default enc.max_batch_patches) and write them after what `target` holds
+    when resuming.
 
     Saves every SAVE_EVERY_S, on Ctrl-C / SIGTERM (then KeyboardInterrupt, saying what was written),
     when a worker process dies and before reporting an unreadable input (without keep_going): an
-    EncodeError then says how to continue. With keep_going unreadable inputs are skipped with a
-    warning each. When nothing could be encoded, nothing is written unless `save_empty` (a process
-    of a sharded run writes its shard all the same: the set must be complete). `sink` (from
-    sinks.open_sink) when the caller opened it to list what is done.
+    EncodeError then says how to continue. With keep_going unreadable inputs are skipped, each named
+    in a note. When nothing could be encoded, nothing is written unless `save_empty` (a process of a
+    sharded run writes its shard all the same: the set must be complete). `sink` (from
+    sinks.open_sink) when the caller opened it to list what is done. `preprocessing`: the settings
+    (default enc.preprocessing; `image_cfg=` / `video_cfg=` still work, deprecated). `progress`:
+    called with an `Update` as inputs are done and for every note; nothing is printed here.
 
     Returns:
       Result: keys added, their token count, the skipped inputs, wall seconds, seconds waited, and
       how many inputs were encoded, copied from an identical one, or read from the cache.
     """
+    prep = preprocessing_from(
+        preprocessing if preprocessing is not None or image_cfg or video_cfg else enc.preprocessing,
+        enc.cfg.variant,
+        {"image_cfg": image_cfg, "video_cfg": video_cfg},
+        "encode_files",
+    )
+    tell = progress if progress is not None else (lambda update: None)
     failed: list[tuple[str, str]] = []
     sink = sink if sink is not None else open_sink(target, meta, enc.cfg.out_dim, resume)
-    rows = _Rows(enc, sink, cache, batch_patches)
+    rows = _Rows(enc, sink, cache, batch_patches or enc.max_batch_patches)
 
     def written() -> str:
-        return f"{count(len(rows.names), 'new input')} written to {target}; the same command with --resume continues"
+        return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"
 
     t0 = last_save = time.perf_counter()
-    progress = Progress(len(inputs), unit="inputs")
-    loader = load(
-        inputs,
-        config=image_cfg,
-        video_config=video_cfg,
-        variant=enc.cfg.variant,
-        workers=workers,
-        fast_decode=fast_decode,
-    )
-    every_frame = not (video_cfg.do_sample_frames and (video_cfg.fps or video_cfg.num_frames))
+    total = len(inputs)
+    loader = load(inputs, preprocessing=prep, workers=workers, fast_decode=fast_decode)
+    every_frame = not (prep.video.do_sample_frames and (prep.video.fps or prep.video.num_frames))
     seen = 0
+    tell(Update(0, total))
     try:
         for item in readable(iter(loader), failed, keep_going):
             if item.is_video and every_frame:  # HF's Qwen2-VL processor does the same; long clips cost a lot
-                print(
+                note = (
                     "note: videos use every frame (the checkpoint's video config samples none, as HF's "
-                    "Qwen2VLVideoProcessor); --fps 2 is what Qwen's own tools use",
-                    file=sys.stderr,
+                    "Qwen2VLVideoProcessor); fps=2 is what Qwen's own tools use"
                 )
+                tell(Update(seen - len(rows.pending), total - len(failed), note))
                 every_frame = False
             if item.note:
-                print(f"{item.note}, prepared in {item.seconds:.1f} s", file=sys.stderr, flush=True)
+                note = f"{item.note}, prepared in {item.seconds:.1f} s"
+                tell(Update(seen - len(rows.pending), total - len(failed), note))
             rows.add(item)
             seen += 1
-            progress.total = len(inputs) - len(failed)  # an input that failed is never shown as done
-            progress.update_to(seen - len(rows.pending))
+            tell(Update(seen - len(rows.pending), total - len(failed)))  # a failed input is never shown as done
             if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
                 sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
         rows.flush()
-        progress.total = len(inputs) - (len(failed) if keep_going else 0)  # skipped: out of the count
-        progress.update_to(seen)
+        tell(Update(seen, total - (len(failed) if keep_going else 0)))  # skipped: out of the count
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
         if rows.names:
@@ -211,7 +229,7 @@ def encode_files(
         raise EncodeError(f"{e}; " + (written() if rows.names else "nothing written")) from None
     finally:
         loader.close()
-        progress.close()
+        tell(Update(seen, total - len(failed), finished=True))
     seconds = time.perf_counter() - t0
     result = Result(
         rows.names, rows.tokens, failed, seconds, loader.seconds_waiting, rows.encoded, rows.reused, rows.cached
@@ -220,14 +238,14 @@ def encode_files(
         (path, reason), held = failed[0], ""
         if rows.names:
             sink.finish()
-            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, --resume continues"
+            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resuming continues"
         else:
             sink.abandon()
         raise EncodeError(
-            f"cannot read {path}: {reason}{held or '; nothing written'} (--keep-going skips unreadable inputs)"
+            f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going skips unreadable inputs)"
         )
     for path, reason in failed:
-        print(f"warning: skipped {path}: {reason}", file=sys.stderr)
+        tell(Update(seen, total - len(failed), f"warning: skipped {path}: {reason}", finished=True))
     if not rows.names and inputs and not save_empty:
         sink.abandon()
         raise EncodeError(f"none of the {len(inputs)} inputs could be read; nothing written")

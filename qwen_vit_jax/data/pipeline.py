@@ -2,8 +2,7 @@
 processes, delivered in input order.
 
     import qwen_vit_jax as qvj
-    with qvj.data.load(paths, config=enc.preprocess, video_config=enc.video_preprocess,
-                       variant=enc.cfg.variant, workers=2) as items:
+    with qvj.data.load(paths, preprocessing=enc.preprocessing, workers=2) as items:
         for item in items:          # in the order of `paths`, whatever the worker count
             enc.encode(item.patches, item.grid)
 
@@ -41,7 +40,11 @@ import numpy as np
 
 from qwen_vit_jax.data.inputs import draft_size, is_video, load_image
 from qwen_vit_jax.data.sources import Record, RecordReader
-from qwen_vit_jax.preprocess.config import PreprocessConfig, image_config_for, video_config_for
+from qwen_vit_jax.preprocess.config import (
+    PreprocessConfig,
+    Preprocessing,
+    preprocessing_from,
+)
 from qwen_vit_jax.preprocess.images import image_patches, pixel_table
 
 if TYPE_CHECKING:  # a worker process imports this module: no plan, no jax there
@@ -283,21 +286,23 @@ class Loader:
 def load(
     inputs: Sequence,
     *,
-    config: PreprocessConfig | None = None,
-    video_config: PreprocessConfig | None = None,
-    variant: str = "qwen2_5_vl",
+    preprocessing: Preprocessing | None = None,
     workers: int = 0,
     fast_decode: bool = False,
     buffer: int = 2,
+    config: PreprocessConfig | None = None,
+    video_config: PreprocessConfig | None = None,
+    variant: str | None = None,
 ) -> Loader:
     """The Grain pipeline over `inputs`: file paths (images or videos, told apart as the CLI does),
     dataset records (`sources.expand`: webdataset shards, parquet and HF datasets' rows), decoded
     images (PIL images, HxWx3 uint8 arrays) or (name, image) pairs.
 
     Args:
-      config, video_config: image and video preprocessing (default: HF's for `variant`); pass an
-        encoder's `enc.preprocess` / `enc.video_preprocess` to follow its checkpoint.
-      variant: the tower's (`enc.cfg.variant`): its image processor's resize rule and row order.
+      preprocessing: image and video settings and the tower variant (its image processor's resize
+        rule and row order); pass an encoder's `enc.preprocessing` to follow its checkpoint
+        (default: HF's for Qwen2.5-VL). `config=` / `video_config=` / `variant=` still work,
+        deprecated.
       workers: worker processes (0: in the calling process, one background thread).
       fast_decode: decode JPEGs at a reduced DCT scale when they are resized to half or less anyway
         (faster, not HF's pixels: see `qwen_vit_jax.data.inputs`).
@@ -305,13 +310,17 @@ def load(
     Returns:
       a `Loader`: iterate it for `Item`s in input order; close it (or use `with`).
     """
-    config = config if config is not None else image_config_for(variant)
-    video_config = video_config if video_config is not None else video_config_for(None, variant)
+    p = preprocessing_from(
+        preprocessing,
+        "qwen2_5_vl",
+        {"config": config, "video_config": video_config, "variant": variant},
+        "qvj.data.load",
+    )
     return Loader(
         inputs,
-        config=config,
-        video_config=video_config,
-        variant=variant,
+        config=p.image,
+        video_config=p.video,
+        variant=p.variant,
         workers=workers,
         fast_decode=fast_decode,
         buffer=buffer,

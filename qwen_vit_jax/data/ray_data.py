@@ -24,6 +24,7 @@ that Ray calls, and that tests call directly.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -53,9 +54,10 @@ def preprocess(
     batch,
     *,
     checkpoint: str | None = None,
+    preprocessing=None,
+    image_column: str = "image",
     variant: str | None = None,
     config=None,
-    image_column: str = "image",
 ):
     """Ray Data's CPU stage: decode, resize and cut each image of `image_column` into uint8 patch rows.
 
@@ -63,21 +65,30 @@ def preprocess(
       batch: a Ray batch (pyarrow Table, pandas DataFrame or dict of numpy arrays) whose
         `image_column` holds image bytes or HF's {"bytes", "path"} struct.
       checkpoint: the checkpoint whose preprocessing to follow (only its config files are read);
-        or `variant` and `config` (a PreprocessConfig; HF's defaults for the variant without one).
+        or `preprocessing` (a `qvj.Preprocessing`, e.g. an encoder's `enc.preprocessing`).
+        `variant=` / `config=` still work, deprecated.
     Returns:
       the batch as a pyarrow Table with `qvj_patches` (binary) and `grid_thw` (3 int64) added.
     """
     import pyarrow as pa
 
-    from qwen_vit_jax.preprocess.config import image_config_for
+    from qwen_vit_jax.preprocess.config import Preprocessing
     from qwen_vit_jax.preprocess.images import image_patches
 
-    if checkpoint is not None:
-        variant, image_cfg = _preprocessing(checkpoint)
-        config = config or image_cfg
-    if variant is None:
-        raise ValueError("qvj.ray.preprocess needs checkpoint= (or variant= and config=)")
-    config = config or image_config_for(variant)
+    if variant is not None or config is not None:
+        warnings.warn(
+            "qvj.ray.preprocess: variant= / config= are deprecated; pass preprocessing=qvj.Preprocessing(...) "
+            "(an encoder's: enc.preprocessing) or checkpoint=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    if checkpoint is not None and preprocessing is None:
+        preprocessing = _preprocessing(checkpoint)  # its variant wins over variant=, as it always did
+    elif preprocessing is None and variant is not None:
+        preprocessing = Preprocessing.defaults(variant)
+    if preprocessing is None:
+        raise ValueError("qvj.ray.preprocess needs checkpoint= or preprocessing=")
+    config, variant = config or preprocessing.image, preprocessing.variant
     table = _table(batch)
     if image_column not in table.column_names:
         raise ValueError(f"no column {image_column!r} in the batch (image_column=); its columns: {table.column_names}")
@@ -93,11 +104,12 @@ def preprocess(
 
 @functools.lru_cache(maxsize=8)
 def _preprocessing(checkpoint: str):
-    """(variant, image preprocessing) of a checkpoint, read once per process (not per batch)."""
+    """A checkpoint's `Preprocessing`, read once per process (not per batch)."""
+    from qwen_vit_jax.preprocess.config import Preprocessing
     from qwen_vit_jax.weights.sources import preprocessing
 
-    variant, image_cfg, _ = preprocessing(checkpoint)
-    return variant, image_cfg
+    variant, image, video = preprocessing(checkpoint)
+    return Preprocessing(image=image, video=video, variant=variant)
 
 
 def _drop(table, *names):
@@ -144,9 +156,7 @@ class Encoder:
 
         table = _table(batch)
         if PATCHES not in table.column_names:
-            table = preprocess(
-                table, variant=self.enc.cfg.variant, config=self.enc.preprocess, image_column=self.image_column
-            )
+            table = preprocess(table, preprocessing=self.enc.preprocessing, image_column=self.image_column)
         cfg, p = self.enc.preprocess, self.enc.preprocess.patch_size
         grids = np.asarray(table.column(GRID).to_pylist(), np.int64).reshape(-1, 3)  # [k, 3]
         items = []

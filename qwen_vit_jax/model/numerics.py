@@ -26,8 +26,8 @@ class Numerics:
     CPUs without bf16 dot instructions, where XLA's bf16 dot is slower than its float32 one.
 
     `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
-    (XLA's CPU backend runs those 2-3x faster than batched dots); False batches them (GPUs and
-    TPUs want few large kernels). The same arithmetic either way.
+    (XLA's CPU backend runs those faster than batched dots: benchmarks/RESULTS.md, "Forward vs HF");
+    False batches them (GPUs and TPUs want few large kernels). The same arithmetic either way.
 
     `attention` picks who runs the attention core: "xla" (the schedules in this module: the
     default, and the reference), "triton" (a Pallas Triton kernel for NVIDIA GPUs,

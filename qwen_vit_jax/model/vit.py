@@ -36,7 +36,7 @@ from flax import nnx
 
 from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.model.attention import segment_attention, window_attention
-from qwen_vit_jax.model.numerics import Numerics
+from qwen_vit_jax.model.numerics import Numerics, platform_numerics
 from qwen_vit_jax.plan import Patches, Plan
 
 MIN_DOT_ROWS = 64  # see PatchMerger
@@ -437,9 +437,31 @@ def layer_schedule(layers: tuple[bool, ...]) -> tuple[list[tuple[bool, int]], in
     raise AssertionError("unreachable: the whole pattern is a period")
 
 
-def abstract_model(cfg: VisionConfig, num: Numerics = Numerics()) -> VisionTransformer:
-    """The model with shape-only parameters (no memory spent on random weights)."""
-    return nnx.eval_shape(lambda: VisionTransformer(cfg, num, rngs=nnx.Rngs(0)))
+def abstract_model(
+    cfg: VisionConfig,
+    dtype: str = "float32",
+    platform: str = "cpu",
+    attention: str = "xla",
+    *,
+    numerics: Numerics | None = None,
+) -> VisionTransformer:
+    """The tower as an `nnx.Module` with shape-only parameters (`jax.ShapeDtypeStruct`s, no memory)
+    and the attention schedule of `platform` ("cpu" | "gpu" | "tpu"): what `load_model` gives a user
+    on that platform, for ahead-of-time compiles (`jax.jit(f).lower(...)` over it and
+    `Plan.abstract(bucket)` or `make_plans`), and what the encoder fills with its weights.
+
+    attention: "xla" (the default) or "kernel" (the platform's Pallas kernel: Triton on "gpu",
+    splash on "tpu"). numerics: these exact Numerics instead of those of dtype / platform /
+    attention (the encoder's, from its device).
+    """
+    num = numerics if numerics is not None else platform_numerics(dtype, platform, attention)
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: VisionTransformer(cfg, num, rngs=nnx.Rngs(0))))
+    # As fill_state stores them: matrices in the operand dtype, norms and biases float32.
+    flat = [
+        (path, var.replace(jax.ShapeDtypeStruct(var.shape, num.operand_dtype))) if path[-1] == "kernel" else (path, var)
+        for path, var in nnx.to_flat_state(state)
+    ]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 # ---- parameters --------------------------------------------------------------------------
@@ -451,7 +473,7 @@ def model_from_params(
     """A model holding `params` (flat keys as written by the converter, e.g. "blocks.attn.qkv.kernel"),
     every parameter filled exactly once, shapes checked. Matrices take the operand dtype; norm
     scales and biases stay float32."""
-    graphdef, abstract = nnx.split(abstract_model(cfg, num))
+    graphdef, abstract = nnx.split(abstract_model(cfg, numerics=num))
     return nnx.merge(graphdef, fill_state(abstract, params, num, device or jax.devices()[0]))
 
 

@@ -17,6 +17,8 @@ to the device as one pytree; the jitted forward only ever sees bucket shapes. Re
   contract.py   `Plan`, the form the device consumes (a registered pytree; the bucket is its
                 static metadata), and `Patches`, the pixels as uint8 with their lookup table.
   assembly.py   `make_plan` / `make_plans`: validation, caching, the buffer pool.
+  choice.py     `BucketChoice`: which buckets a request runs in (the ladder, declared sizes,
+                tight_after); the vocabulary of buckets, explained once.
 
 Rows stay in the ORIGINAL pixel_values order (no permutation of the residual stream): full
 attention uses per-row frame ids plus a tile table (query blocks, split where they straddle long
@@ -34,6 +36,7 @@ from .buckets import (
     typical_windows,
     worst_windows,
 )
+from .choice import BucketChoice
 from .contract import Patches, Plan
 from .grid import Grid, as_grid, validate_grid
 from .reference import (
@@ -49,6 +52,7 @@ __all__ = [
     "Grid",
     "Patches",
     "as_grid",
+    "BucketChoice",
     "BucketPolicy",
     "BufferPool",
     "Plan",

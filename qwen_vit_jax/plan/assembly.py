@@ -2,9 +2,9 @@
 
 An uncached plan is on the request path whenever a grid is new, so it is cheap: the grid is
 validated once, the split is one numba call (skipped for a single frame), a chunk's plan one more
-(`kernels.build_plan`); what Python adds is scalar work and wrapping (an image ~15 us, a large
-request about one pass over its rows, on one core). Plans are cached by grid (a tuple of (t, h, w)
-rows) and shared, so their arrays are read-only.
+(`kernels.build_plan`); what Python adds is scalar work and wrapping (for a large request about one
+pass over its rows, on one core; benchmarks/RESULTS.md, "Host plans vs HF"). Plans are cached by
+grid (a tuple of (t, h, w) rows) and shared, so their arrays are read-only.
 """
 
 from __future__ import annotations

@@ -40,26 +40,26 @@ class BucketPolicy:
     """How real sizes round up to bucket sizes.
 
     The N_pad ladder is geometric: `per_octave` rungs per doubling from `dense_from` rows up, half
-    as many for each factor of 4 below it (never fewer than one), i.e. 2^k * (1 + j / p), j = 0 ..
-    p - 1, rounded up to a multiple of 4, from `min_patches` up. Default: 64, 128, 256, 384, 512,
-    768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, ... Denser where larger because
-    a rung of ratio r wastes ~(r - 1) / 2 of the work of the inputs it serves, and work grows with
+    as many for each factor of 4 below it (never fewer than one), i.e. 2^k * (1 + j / p),
+    j = 0 .. p - 1, rounded up to a multiple of 4, from `min_patches` up. Default: 64, 128, 256, 384, 512, 768,
+    1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, ... Denser where larger because a
+    rung of ratio r wastes ~(r - 1) / 2 of the work of the inputs it serves, and work grows with
     size (rows times FLOPs per row, and attention adds per-row FLOPs as frames grow), while a
-    program costs one compile at any size: on 30 random image sizes (benchmarks/bench_compile.py)
-    this ladder compiles 12 programs and wastes 11-12% of the FLOPs, a uniform 2-per-octave one 11
-    programs and 19-23%. `dense_from=0` gives the uniform ladder. The default `min_patches` is 64,
-    not smaller, for exactness: XLA's CPU dot takes another kernel (another summation order) below
-    ~60 rows, so a tiny image in a tiny bucket would differ (~1e-6) from the same image in a larger
-    one; from 64 rows up every row's result is bitwise independent of the row count
-    (docs/numerics.md). A rung of N_pad rows is cut into ceil(N_pad / block) equal blocks of a
-    multiple of 4 rows (merge units never straddle a block); a rung for which that does not divide
-    is snapped up to the next size that does. `max_patches` is the token budget of one program:
-    `make_plans` splits larger requests at frame boundaries (`split_grid`).
+    program costs one compile at any size: on random image sizes this ladder compiles about as many
+    programs as a uniform 2-per-octave one and wastes far fewer FLOPs (benchmarks/bench_compile.py;
+    benchmarks/RESULTS.md, "Compile and padding cost"). `dense_from=0` gives the uniform ladder. The
+    default `min_patches` is 64, not smaller, for exactness: XLA's CPU dot takes another kernel
+    (another summation order) below ~60 rows, so a tiny image in a tiny bucket would differ (~1e-6)
+    from the same image in a larger one; from 64 rows up every row's result is bitwise independent
+    of the row count (docs/numerics.md). A rung of N_pad rows is cut into ceil(N_pad / block) equal
+    blocks of a multiple of 4 rows (merge units never straddle a block); a rung for which that does
+    not divide is snapped up to the next size that does. `max_patches` is the token budget of one
+    program: `make_plans` splits larger requests at frame boundaries (`split_grid`).
 
     `frame_block` is the block of a chunk that is a single frame (an image): its blocks never
-    straddle frames, and XLA's CPU dots run full attention's tiles ~1.45x faster with 512 query
-    rows than with 128 (the 3B tower's 1536-row bucket, fp32 and bf16: benchmarks/bench_profile.py
-    --parts attn); multi-frame chunks keep `block`, so the blocks that straddle two frames cost
+    straddle frames, and XLA's CPU dots run full attention's tiles faster with 512 query
+    rows than with 128 (benchmarks/bench_profile.py --parts attn; benchmarks/RESULTS.md, "Forward
+    vs HF"); multi-frame chunks keep `block`, so the blocks that straddle two frames cost
     little.
 
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
@@ -157,8 +157,8 @@ def _snap(r: int, block: int) -> int:
 @functools.lru_cache(maxsize=32)
 def rung_table(policy: BucketPolicy) -> tuple[int, ...]:
     """The ladder from min_patches until past 2 * MAX_PATCHES (every valid grid has a rung), as
-    Python ints: `rung` bisects it on every uncached plan (~0.2 us; np.searchsorted ~1.5 us, ~10%
-    of an image's plan)."""
+    Python ints: `rung` bisects it on every uncached plan (faster than np.searchsorted on an
+    array: benchmarks/RESULTS.md, "Host plans vs HF")."""
     rungs = [_snap(policy.min_patches, policy.block)]
     k = 0
     while rungs[-1] < 2 * MAX_PATCHES:

@@ -15,10 +15,10 @@ consecutive in pixel_values); `window` is the window side in merge units (cfg.wi
 and blocks are counted from 0 in the request's (unpermuted) row order.
 
 Kernels write through slices indexed from 0 where it matters: numba then needs no negative-index
-handling and LLVM vectorises the inner loops (2-4x faster). A plan is one call from Python,
-`build_plan`, compiled together with the helpers it calls. The first compile is paid once per
-install (cache=True; later processes load it in well under a second) but it counts, so plain loops
-throughout.
+handling and LLVM vectorises the inner loops (benchmarks/RESULTS.md, "Host plans vs HF"). A plan is
+one call from Python, `build_plan`, compiled together with the helpers it calls. The first compile
+is paid once per install (cache=True; later processes load it in well under a second) but it counts,
+so plain loops throughout.
 """
 
 from __future__ import annotations

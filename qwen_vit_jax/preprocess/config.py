@@ -283,3 +283,62 @@ def video_config_for(path: str | os.PathLike | None, variant: str) -> Preprocess
     base = {"video_processor_type": "Qwen3VLVideoProcessor" if sampler == "qwen3-vl" else "Qwen2VLVideoProcessor"}
     vp = PreprocessConfig.from_hf(found if found else base, video=True)
     return vp if sampler is None else dataclasses.replace(vp, video_sampler=sampler)
+
+
+# ---- one value for all of a tower's preprocessing -----------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Preprocessing:
+    """A tower's preprocessing as one value: `image` and `video` settings and the tower `variant`
+    (its image processor's resize rule and row order). An encoder's is `enc.preprocessing`;
+    `qvj.data.load` and `encode_files` take it as it is."""
+
+    image: PreprocessConfig
+    video: PreprocessConfig
+    variant: str
+
+    def __post_init__(self):
+        for name in ("image", "video"):
+            if not isinstance(getattr(self, name), PreprocessConfig):
+                raise ValueError(f"Preprocessing.{name} must be a PreprocessConfig, got {getattr(self, name)!r}")
+        if not isinstance(self.variant, str) or not self.variant:
+            raise ValueError(f"Preprocessing.variant must be a tower variant name, got {self.variant!r}")
+
+    @classmethod
+    def defaults(cls, variant: str) -> Preprocessing:
+        """HF's processor class defaults for a tower variant (no checkpoint files)."""
+        return cls(image=image_config_for(variant), video=video_config_for(None, variant), variant=variant)
+
+    def with_limits(self, min_pixels: int | None = None, max_pixels: int | None = None, **video) -> Preprocessing:
+        """These settings with other pixel limits (images' and videos' alike) and other video fields
+        (e.g. fps=2.0, do_sample_frames=True); None leaves a limit as it is."""
+        limits = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        return dataclasses.replace(
+            self,
+            image=dataclasses.replace(self.image, **limits),
+            video=dataclasses.replace(self.video, **limits, **video),
+        )
+
+
+def preprocessing_from(
+    preprocessing: Preprocessing | None, variant: str, old: dict[str, PreprocessConfig | str | None], caller: str
+) -> Preprocessing:
+    """`preprocessing`, or one made of the deprecated keywords in `old` (name -> value, in the order
+    image config, video config[, variant]; None where not given), with a DeprecationWarning naming
+    them; HF's defaults for `variant` fill what neither gives."""
+    given = [k for k, v in old.items() if v is not None]
+    if not given:
+        return preprocessing if preprocessing is not None else Preprocessing.defaults(variant)
+    if preprocessing is not None:
+        raise ValueError(f"{caller}: pass preprocessing= or {' / '.join(given)}, not both")
+    import warnings
+
+    warnings.warn(
+        f"{caller}: {', '.join(f'{k}=' for k in given)} are deprecated; pass "
+        "preprocessing=qvj.Preprocessing(image=..., video=..., variant=...) (an encoder's: enc.preprocessing)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    image, video, *rest = old.values()
+    variant = (rest[0] if rest else None) or variant
+    base = Preprocessing.defaults(variant)
+    return Preprocessing(image=image or base.image, video=video or base.video, variant=variant)

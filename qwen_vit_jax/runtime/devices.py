@@ -21,7 +21,7 @@ compiled program on the whole mesh:
     into [D, N_pad, patch_dim]; the result [D, N_pad / merge_unit, out_dim] is put back in
     request order by `Step.gather`, an index computed here.
 
-Nothing here touches a device; encoder.py places and runs the steps.
+Nothing here touches a device; calls.py places and runs the steps.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
+import jax
 import numpy as np
 
 from qwen_vit_jax import plan as planlib
@@ -237,3 +238,24 @@ def stack_plans(plans: list[planlib.Plan]) -> planlib.Plan:
     """Plans of one bucket -> one Plan with a leading [D] axis on every leaf (grid_thw None)."""
     leaves = [[getattr(p, k) for k in planlib.Plan.ARRAYS] for p in plans]
     return planlib.Plan(plans[0].bucket, *[np.stack(col) for col in zip(*leaves)])
+
+
+def check_devices(devices) -> list:
+    """`devices` as a list of distinct devices of this process (a mesh spans local devices only:
+    several hosts each run their own encoder on their own inputs)."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices= is empty: give at least one device (e.g. jax.local_devices())")
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise ValueError(f"devices= must hold jax.Device objects, got {devices!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices= holds a device twice: {devices}")
+    me = jax.process_index()
+    if foreign := [d for d in devices if d.process_index != me]:
+        raise ValueError(
+            f"devices= holds devices of other processes {foreign}; an encoder runs on this "
+            f"process's devices (jax.local_devices()); split the inputs across processes"
+        )
+    if len({d.platform for d in devices}) > 1:
+        raise ValueError(f"devices= mixes platforms: {devices}")
+    return devices

@@ -1,11 +1,16 @@
-"""The compiled program: the encoder's forward for one device, its `shard_map` form for a mesh of
-devices, and the shapes of a bucket's inputs (what `jax.jit(...).lower` takes). Shared by the
-encoder (runtime/encoder.py) and the ahead-of-time compiles (tools/aot.py).
+"""The compiled programs: the encoder's forward for one device, its `shard_map` form for a mesh of
+devices, the shapes of a bucket's inputs (what `jax.jit(...).lower` takes), and `Programs`, a
+tower's weights on its devices with one compiled program per bucket. Shared by the encoder
+(runtime/encoder.py) and the ahead-of-time compiles (tools/aot.py).
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import pathlib
+import threading
+import time
 
 import jax
 import numpy as np
@@ -15,6 +20,9 @@ from jax.sharding import PartitionSpec as P
 
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.config import VisionConfig, dtype_named
+from qwen_vit_jax.model.numerics import Numerics
+from qwen_vit_jax.model.vit import abstract_model, as_bits, fill_state
+from qwen_vit_jax.runtime import cost
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, pixels: jax.Array, plan: planlib.Plan):
@@ -60,3 +68,107 @@ def input_specs(cfg: VisionConfig, bucket: planlib.Bucket, dtype: str, frames: i
         table = jax.ShapeDtypeStruct((cfg.in_channels, 256), np.float32)
         pixels = planlib.Patches(data, table, cfg.temporal_patch_size)
     return pixels, planlib.Plan.abstract(bucket)
+
+
+def enable_compilation_cache(path: str | os.PathLike, min_compile_seconds: float = 0.0) -> pathlib.Path:
+    """Opt in to JAX's persistent compilation cache in directory `path` (created if missing).
+
+    Process-wide (JAX's own setting, `jax_compilation_cache_dir`): every later compile of this
+    process, ours or not, is looked up there first and stored there after. Programs that
+    compiled faster than `min_compile_seconds` are not stored (JAX's default is 1 s; 0 stores
+    every bucket). A cache written by another jax / jaxlib version or for another device is
+    not used (JAX keys entries on both). Trusted data: do not point it at a directory others
+    can write. Returns the resolved path.
+    """
+    from jax.experimental.compilation_cache import compilation_cache
+
+    path = pathlib.Path(path).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"compilation cache path {path} exists and is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    compilation_cache.reset_cache()  # JAX decides once per process whether the cache is on
+    return path
+
+
+class Programs:
+    """A tower's weights on its devices and its compiled programs, one per bucket and pixel form.
+
+    `graphdef` and `state` are the model split as NNX splits it (the state's stacked bfloat16
+    block weights held as their uint16 bits: model.vit.as_bits); `forward(state, pixels, plan)` is
+    the pure function every program compiles; `get(bucket, frames)` the compiled program of a
+    bucket (compiled on first use, once however many threads ask); `flops` and `memory` what it
+    computes and allocates. With several devices the parameters are replicated over `mesh` (a data
+    axis) and a program takes every input with a leading [D] axis (`mesh_program`).
+
+    Args:
+      cfg: the tower's config.
+      params: flat parameters (the converter's layout: "blocks.attn.qkv.kernel" -> array).
+      numerics: how the tower computes (model.numerics.numerics_for: dtype, device, attention).
+      devices: one device, or several local ones (distinct, one platform: devices.check_devices).
+    """
+
+    def __init__(self, cfg: VisionConfig, params: dict[str, np.ndarray], numerics: Numerics, devices: list):
+        self.cfg, self.numerics, self.devices = cfg, numerics, list(devices)
+        # The data axis of several devices; None for one (the single-device path).
+        self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
+        self.graphdef, abstract = nnx.split(abstract_model(cfg, numerics=numerics))
+        # Several devices: replicated (every device holds all parameters), placed in one go.
+        where = self.devices[0] if self.mesh is None else NamedSharding(self.mesh, P())
+        self.state = as_bits(fill_state(abstract, params, numerics, where))
+        self.compile_seconds: dict[planlib.Bucket, float] = {}  # summed over a bucket's pixel forms
+        self._compiled: dict[tuple[planlib.Bucket, int | None], jax.stages.Compiled] = {}  # (bucket, frames)
+        self._lock = threading.Lock()  # held while compiling: a new bucket is compiled once
+        self._flops: dict[planlib.Bucket, float] = {}
+
+    @property
+    def dtype(self) -> str:
+        return self.numerics.dtype
+
+    @property
+    def compile_count(self) -> int:
+        """Programs compiled so far (one per bucket and pixel form; one loaded from the persistent
+        compilation cache counts too)."""
+        return len(self._compiled)
+
+    def forward(self, state: nnx.State, pixels, plan: planlib.Plan):
+        """The program of one device: (tokens, deepstack features: [] without deepstack mergers)."""
+        return forward(self.graphdef, state, pixels, plan)
+
+    def input_specs(self, bucket: planlib.Bucket, frames: int | None = None):
+        """Shapes of one bucket's inputs on one device (`input_specs`)."""
+        return input_specs(self.cfg, bucket, self.dtype, frames)
+
+    def get(self, bucket: planlib.Bucket, frames: int | None = None) -> jax.stages.Compiled:
+        """The compiled program of `bucket` for float pixel rows (frames None) or for `Patches` of
+        `frames` frames per row; called as program(state, pixels, plan) -> (tokens, features)."""
+        key = (bucket, frames)
+        program = self._compiled.get(key)
+        if program is not None:  # the hot path takes no lock
+            return program
+        with self._lock:  # one compile at a time; a waiter finds the program done
+            program = self._compiled.get(key)
+            if program is not None:
+                return program
+            t0 = time.perf_counter()
+            specs = self.input_specs(bucket, frames)
+            if self.mesh is None:
+                program = jax.jit(self.forward).lower(self.state, *specs).compile()
+            else:
+                program = jax.jit(mesh_program(self.forward, self.mesh))
+                program = program.lower(self.state, *mesh_specs(specs, self.mesh)).compile()
+            self.compile_seconds[bucket] = self.compile_seconds.get(bucket, 0.0) + time.perf_counter() - t0
+            self._compiled[key] = program  # last: a lock-free reader sees a finished entry
+        return program
+
+    def flops(self, bucket: planlib.Bucket) -> float:
+        """The matmul FLOPs of one device's program of `bucket` as it runs (cost.dot_flops)."""
+        if bucket not in self._flops:
+            traced = jax.jit(self.forward).trace(self.state, *self.input_specs(bucket))
+            self._flops[bucket] = cost.dot_flops(traced.jaxpr)
+        return self._flops[bucket]
+
+    def memory(self, bucket: planlib.Bucket, frames: int | None = None):
+        """The compiled program's memory analysis (temp_size_in_bytes, argument_size_in_bytes, ...)."""
+        return self.get(bucket, frames).memory_analysis()

@@ -30,36 +30,11 @@ from jax.sharding import PartitionSpec as P
 
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.model.numerics import platform_numerics
-from qwen_vit_jax.model.vit import VisionTransformer, as_bits
-from qwen_vit_jax.model.vit import abstract_model as _abstract_model
+from qwen_vit_jax.model.vit import abstract_model, as_bits
 from qwen_vit_jax.runtime import cost
 from qwen_vit_jax.runtime import devices as devlib
 from qwen_vit_jax.runtime.program import forward, input_specs, mesh_program, mesh_specs
 from qwen_vit_jax.tools.targets import GIB, TARGETS, CompilerMissing, Target, target_named  # noqa: F401 (the command's names)
-
-
-def abstract_model(
-    cfg: VisionConfig, dtype: str = "float32", platform: str = "cpu", attention: str = "xla"
-) -> VisionTransformer:
-    """The tower as an `nnx.Module` with shape-only parameters (`jax.ShapeDtypeStruct`s, no memory)
-    and the attention schedule of `platform` ("cpu" | "gpu" | "tpu"): what `load_model` gives a user
-    on that platform, for ahead-of-time compiles (`jax.jit(f).lower(...)` over it and
-    `Plan.abstract(bucket)` or `make_plans`).
-
-    attention: "xla" (the default) or "kernel" (the platform's Pallas kernel: Triton on "gpu",
-    splash on "tpu").
-    """
-    num = platform_numerics(dtype, platform, attention)
-    graphdef, state = nnx.split(_abstract_model(cfg, num))
-
-    # As model.fill_state stores them: matrices in the operand dtype, norms and biases float32.
-    flat = [
-        (path, var.replace(jax.ShapeDtypeStruct(var.shape, num.operand_dtype))) if path[-1] == "kernel" else (path, var)
-        for path, var in nnx.to_flat_state(state)
-    ]
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
 
 # ---- compiling one bucket ----------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ def command(args) -> int:
     from qwen_vit_jax.data import parquet
     from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
     from qwen_vit_jax.data.encode_files import encode_files
+    from qwen_vit_jax.data.inputs import EncodeError
     from qwen_vit_jax.data.pipeline import default_workers, tune_allocator
     from qwen_vit_jax.data.sinks import open_sink
     from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
@@ -192,22 +193,27 @@ def command(args) -> int:
     loads = cache_loads()
     # With several processes an unreadable input is skipped, as with --keep-going: every process must
     # reach the end, where the shards are indexed together.
-    r = encode_files(
-        enc,
-        todo,
-        target,
-        meta,
-        image_cfg=image_cfg,
-        video_cfg=video_cfg,
-        batch_patches=args.batch_patches or enc.max_batch_patches,
-        keep_going=args.keep_going or sharded,
-        resume=args.resume,
-        save_empty=sharded,
-        workers=workers,
-        fast_decode=args.fast_decode,
-        cache=_cache(args, meta),
-        sink=sink,
-    )
+    try:
+        r = encode_files(
+            enc,
+            todo,
+            target,
+            meta,
+            preprocessing=dataclasses.replace(enc.preprocessing, image=image_cfg, video=video_cfg),
+            batch_patches=args.batch_patches or enc.max_batch_patches,
+            keep_going=args.keep_going or sharded,
+            resume=args.resume,
+            save_empty=sharded,
+            workers=workers,
+            fast_decode=args.fast_decode,
+            cache=_cache(args, meta),
+            sink=sink,
+            progress=_Shown(),
+        )
+    except EncodeError as e:  # its words for what to do next, as this command's flags
+        raise EncodeError(_in_flags(str(e))) from None
+    except KeyboardInterrupt as e:
+        raise KeyboardInterrupt(_in_flags(str(e))) from None
     print(
         f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
         f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
@@ -265,6 +271,42 @@ def choose_workers(asked: int | None, inputs: int, default: int) -> int:
     if asked is not None:
         return asked
     return 0 if inputs < SMALL_RUN else default
+
+
+# encode_files' words for what to do next -> this command's flags
+_FLAGS = (
+    ("resuming the same run continues", "the same command with --resume continues"),
+    ("resuming continues", "--resume continues"),
+    ("keep_going skips", "--keep-going skips"),
+    ("fps=2 is what", "--fps 2 is what"),
+)
+
+
+def _in_flags(text: str) -> str:
+    for words, flag in _FLAGS:
+        text = text.replace(words, flag)
+    return text
+
+
+class _Shown:
+    """encode_files' progress on stderr: a bar (data/stream.py) and its notes, in this command's flags."""
+
+    def __init__(self):
+        self.bar, self.closed = None, False
+
+    def __call__(self, update) -> None:
+        from qwen_vit_jax.data.stream import Progress
+
+        if self.bar is None:
+            self.bar = Progress(update.total, unit="inputs")
+        if update.note is not None:
+            print(_in_flags(update.note), file=sys.stderr, flush=True)
+        elif update.finished and not self.closed:
+            self.bar.close()
+            self.closed = True
+        elif not update.finished:
+            self.bar.total = update.total  # an input that failed leaves the count
+            self.bar.update_to(update.done)
 
 
 def _left(records: list, held: Counter) -> list:
