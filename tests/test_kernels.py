@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,6 +61,9 @@ def tower(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_tower_on_the_kernel_equals_hf(tower, kernel, dtype):
+    platform = jax.devices()[0].platform
+    if platform != "cpu" and kernel != {"gpu": "triton", "tpu": "splash"}.get(platform):
+        pytest.skip(f"{kernel} compiles for its own platform only (on {platform}: interpreted, in the test above)")
     path, px, grid, ref = tower
     enc = qvj.VisionEncoder.from_pretrained(path, dtype=dtype, attention=kernel, tight_after=None)
     assert enc.num.attention == kernel and enc.num.interpret == (enc.device.platform == "cpu")
