@@ -437,3 +437,18 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
         _fail(err, E_LEFT_OVER, -1, VIDEO, 0, vi, videos.shape[0])
     elif ai != audio_len.shape[0]:
         _fail(err, E_LEFT_OVER, -1, AUDIO, 0, ai, audio_len.shape[0])
+
+
+@numba.njit(cache=True)
+def mask_u8(mask, out):
+    """An integer attention mask [B, L] (any int dtype, e.g. the processors' int64) copied into out
+    uint8 [B, L] in one pass; returns the flat index of the first value other than 0 / 1 (-1: none),
+    instead of numpy's and / any / astype temporaries."""
+    nb, length = mask.shape
+    for b in range(nb):
+        for j in range(length):
+            v = mask[b, j]
+            if v != 0 and v != 1:
+                return b * length + j
+            out[b, j] = v
+    return -1

@@ -140,7 +140,7 @@ def rope_index(
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must be equal")
         # one dtype for the kernel (one compiled specialization); values other than 0 / 1 are refused
-        mask = np.ascontiguousarray(mask.view(np.uint8) if mask.dtype == np.bool_ else _mask01(mask))
+        mask = _mask_u8(mask)
     if mm_token_type_ids is None:
         types = _NO_TYPES
     else:
@@ -203,13 +203,27 @@ def _audio_lengths(cfg: PromptConfig, audio_seqlens) -> np.ndarray:
     return alen
 
 
-def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
-    """An integer 0 / 1 mask as uint8; ValueError naming the first other value (a uint8 one is left to
-    the kernel's own check when `kernel`)."""
+def _mask_u8(mask: np.ndarray) -> np.ndarray:
+    """A bool or integer 0 / 1 mask as contiguous uint8 for the kernel; ValueError naming the first
+    other value (a uint8 one is left to the kernel's own check)."""
+    if mask.dtype == np.bool_:
+        return np.ascontiguousarray(mask.view(np.uint8))
     if mask.dtype.kind not in "iu":
         raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
-    if mask.dtype == np.uint8 and kernel:
-        return mask
+    if mask.dtype == np.uint8:
+        return np.ascontiguousarray(mask)
+    out = np.empty(mask.shape, np.uint8)
+    bad = K.mask_u8(mask, out)  # one pass, no temporaries
+    if bad >= 0:
+        b, j = divmod(bad, mask.shape[1])
+        raise ValueError(f"attention_mask row {b}, column {j}: {mask[b, j]} (only 0 and 1 are accepted)")
+    return out
+
+
+def _mask01(mask: np.ndarray) -> np.ndarray:
+    """An integer 0 / 1 mask as uint8; ValueError naming the first other value."""
+    if mask.dtype.kind not in "iu":
+        raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
     bad = mask & ~np.array(1, mask.dtype)  # nonzero where a value is neither 0 nor 1 (negatives included)
     if bad.any():
         b, j = np.argwhere(bad != 0)[0]
@@ -220,7 +234,7 @@ def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
 def _text_only(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Omni thinkers' branch without image or video grids: positions cumsum(mask) - 1, padding 1."""
     if mask.size and mask.max() > 1:
-        _mask01(mask, kernel=False)  # names the first value other than 0 / 1
+        _mask01(mask)  # names the first value other than 0 / 1
     m = mask.astype(np.int64)
     p = np.cumsum(m, axis=1) - 1
     p[m == 0] = 1
@@ -319,7 +333,7 @@ def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np
         if m.dtype.kind not in "iu":
             raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {m.dtype}")
         if m.size and (m.min() < 0 or m.max() > 1):
-            _mask01(m, kernel=False)  # names the first bad value
+            _mask01(m)  # names the first bad value
     new = m[:, start:].astype(np.int64)  # [B', length]
     # HF: cumsum over the whole mask - 1, 0 where masked, + delta; only the last `length` columns kept
     p = np.cumsum(new, axis=1) + np.count_nonzero(m[:, :start], axis=1)[:, None] - 1
