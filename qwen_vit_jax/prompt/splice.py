@@ -67,29 +67,28 @@ jax.tree_util.register_dataclass(
 
 
 @numba.njit(cache=True)
-def _plan_rows(ids, types, have_types, glm, tok, want, rows, visual, deepstack_rows, found):
+def _plan_rows(ids, types, have_types, glm, tok, n_image, n_video, n_audio, rows, visual, deepstack_rows):
     """One pass over the prompt [B, L]: each position's table row, the visual mask and the joint
     deepstack rows; the token types as `token_types` (or `types` when given).
 
     tok: int64 [6]: image, video, audio placeholder ids, GLM's video start / end ids (-1: none), and
-        whether GLM typing applies (tok[5]). want: int64 [3] image / video / audio rows given (-1:
-        not given). Out: rows int32 [B * L], visual bool [B * L], deepstack_rows int32 [B * L] (its
-        first V used), found int64 [3] tokens of each kind. Returns V."""
+        whether GLM typing applies (tok[5]). n_image, n_video, n_audio: the rows given of each kind
+        (-1: not given). Out: rows int32 [B, L], visual bool [B, L], deepstack_rows int32 [B * L] (its
+        first V used). Returns (V, image tokens, video tokens, audio tokens)."""
     nb, length = ids.shape
     n = nb * length
+    want = (n_image, n_video, n_audio)
     # the table: [text (B * L); image rows; video rows; audio rows], a kind not given adds no rows
-    base = np.empty(3, np.int64)
-    base[0] = n
-    base[1] = base[0] + max(want[0], 0)
-    base[2] = base[1] + max(want[1], 0)
-    n_image = max(want[0], 0)  # the joint deepstack table: [image rows; video rows]
+    base = (n, n + max(n_image, 0), n + max(n_image, 0) + max(n_video, 0))
+    n_image_rows = max(n_image, 0)  # the joint deepstack table: [image rows; video rows]
+    found = [0, 0, 0]
     v = 0
     for b in range(nb):
         depth = 0  # GLM: <|begin_of_video|> seen minus <|end_of_video|> seen, this row, inclusive
         for l in range(length):
             p = b * length + l
             t = ids[b, l]
-            rows[p] = p
+            rows[b, l] = p
             if have_types:
                 k = types[b, l]
             elif glm:
@@ -114,12 +113,12 @@ def _plan_rows(ids, types, have_types, glm, tok, want, rows, visual, deepstack_r
             found[k - 1] = i + 1
             if want[k - 1] < 0:
                 continue  # not given: the token keeps its text row (HF)
-            rows[p] = base[k - 1] + i
+            rows[b, l] = base[k - 1] + i
             if k < 3:
-                visual[p] = True
-                deepstack_rows[v] = i if k == 1 else n_image + i
+                visual[b, l] = True
+                deepstack_rows[v] = i if k == 1 else n_image_rows + i
                 v += 1
-    return v
+    return v, found[0], found[1], found[2]
 
 
 _NO_TYPES = np.zeros((0, 0), np.int32)
@@ -175,25 +174,27 @@ def plan_splice(
         get_placeholder_mask check), naming both.
     """
     cfg = prompt_config(source)
-    ids = np.asarray(input_ids)
+    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
     types = _types(cfg, ids, mm_token_type_ids)
     if ids.dtype != np.int64 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, np.int64)
     counts = (image_rows, video_rows, audio_rows)
-    want = np.array([-1 if c is None else c for c in counts], np.int64)
-    if any(c is not None and c < 0 for c in counts):
+    if (
+        (image_rows is not None and image_rows < 0)
+        or (video_rows is not None and video_rows < 0)
+        or (audio_rows is not None and audio_rows < 0)
+    ):
         raise ValueError(f"image_rows, video_rows, audio_rows must be >= 0 or None, got {counts}")
+    want = tuple(-1 if c is None else int(c) for c in counts)
     tok = _tokens(cfg)
-    n = ids.size
-    rows = np.empty(n, np.int32)
-    visual = np.zeros(n, np.bool_)
-    deepstack_rows = np.empty(n, np.int32)
-    found = np.zeros(3, np.int64)
-    v = _plan_rows(ids, types, types.size > 0, bool(tok[5]), tok, want, rows, visual, deepstack_rows, found)
-    wants = want.tolist()
-    for k, (f, w) in enumerate(zip(found.tolist(), wants)):
+    rows = np.empty(ids.shape, np.int32)
+    visual = np.zeros(ids.shape, np.bool_)
+    deepstack_rows = np.empty(ids.size, np.int32)
+    v, *found = _plan_rows(ids, types, types.size > 0, bool(tok[5]), tok, *want, rows, visual, deepstack_rows)
+    for k in range(3):
+        f, w = found[k], want[k]
         if w >= 0 and f != w:
             name = _KINDS[k][1]
             raise ValueError(
@@ -201,12 +202,12 @@ def plan_splice(
                 f"the {name} embeddings have {w} rows"
             )
     return SplicePlan(
-        rows=rows.reshape(ids.shape),
-        visual_pos_masks=visual.reshape(ids.shape),
+        rows=rows,
+        visual_pos_masks=visual,
         deepstack_rows=deepstack_rows[:v],
-        image_rows=None if wants[0] < 0 else wants[0],
-        video_rows=None if wants[1] < 0 else wants[1],
-        audio_rows=None if wants[2] < 0 else wants[2],
+        image_rows=want[0] if want[0] >= 0 else None,
+        video_rows=want[1] if want[1] >= 0 else None,
+        audio_rows=want[2] if want[2] >= 0 else None,
     )
 
 
