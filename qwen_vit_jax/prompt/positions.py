@@ -68,6 +68,8 @@ def _knobs(cfg: PromptConfig, audio_in_video: bool) -> np.ndarray:
 def _grid(g, name: str) -> np.ndarray:
     if g is None:
         return _EMPTY_GRID
+    if type(g) is np.ndarray and g.dtype == np.int64 and g.ndim == 2 and g.shape[1] == 3 and g.flags.c_contiguous:
+        return g  # already what the kernel takes: no conversion calls
     a = np.asarray(g)
     if a.ndim != 2 or a.shape[1] != 3 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"{name} must be an integer array [k, 3] of (t, h, w), got {a.dtype} {a.shape}")
@@ -128,15 +130,16 @@ def rope_index(
     """
     cfg = prompt_config(source)
     rules = cfg.rules
-    ids = np.asarray(input_ids)
+    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    ids = np.ascontiguousarray(ids, np.int64)  # no copy when it already is
+    if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids, np.int64)
     nb, length = ids.shape
     if attention_mask is None:
         mask = _NO_MASK
     else:
-        mask = np.asarray(attention_mask)
+        mask = attention_mask if type(attention_mask) is np.ndarray else np.asarray(attention_mask)
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must be equal")
         # one dtype for the kernel (one compiled specialization); values other than 0 / 1 are refused

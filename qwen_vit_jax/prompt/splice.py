@@ -142,15 +142,27 @@ def _types(cfg, ids, mm_token_type_ids) -> np.ndarray:
 _TOKENS: dict[int, tuple] = {}
 
 
-def _tokens(cfg) -> np.ndarray:
+def _tokens(cfg) -> tuple[np.ndarray, bool]:
+    """(tok, whether GLM typing applies) of a config, built once per config object."""
     hit = _TOKENS.get(id(cfg))
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    glm = cfg.rules.glm_types
+    glm = bool(cfg.rules.glm_types)
     ids = (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id, cfg.video_start_token_id, cfg.video_end_token_id)
     tok = np.array([-1 if i is None else i for i in ids] + [int(glm)], np.int64)
-    _TOKENS[id(cfg)] = (cfg, tok)
-    return tok
+    _TOKENS[id(cfg)] = (cfg, (tok, glm))
+    return tok, glm
+
+
+def _count_error(found, want):
+    """HF's get_placeholder_mask check: the first kind whose token count differs from its rows."""
+    for k in range(3):
+        if want[k] >= 0 and found[k] != want[k]:
+            name = _KINDS[k][1]
+            raise ValueError(
+                f"{name} features and {name} tokens do not match: input_ids hold {found[k]} {name} tokens, "
+                f"the {name} embeddings have {want[k]} rows"
+            )
 
 
 def plan_splice(
@@ -180,27 +192,31 @@ def plan_splice(
     types = _types(cfg, ids, mm_token_type_ids)
     if ids.dtype != np.int64 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, np.int64)
-    counts = (image_rows, video_rows, audio_rows)
+    want = (
+        -1 if image_rows is None else int(image_rows),
+        -1 if video_rows is None else int(video_rows),
+        -1 if audio_rows is None else int(audio_rows),
+    )
     if (
         (image_rows is not None and image_rows < 0)
         or (video_rows is not None and video_rows < 0)
         or (audio_rows is not None and audio_rows < 0)
     ):
-        raise ValueError(f"image_rows, video_rows, audio_rows must be >= 0 or None, got {counts}")
-    want = tuple(-1 if c is None else int(c) for c in counts)
-    tok = _tokens(cfg)
+        raise ValueError(
+            f"image_rows, video_rows, audio_rows must be >= 0 or None, got {(image_rows, video_rows, audio_rows)}"
+        )
+    tok, glm = _tokens(cfg)
     rows = np.empty(ids.shape, np.int32)
     visual = np.zeros(ids.shape, np.bool_)
     deepstack_rows = np.empty(ids.size, np.int32)
-    v, *found = _plan_rows(ids, types, types.size > 0, bool(tok[5]), tok, *want, rows, visual, deepstack_rows)
-    for k in range(3):
-        f, w = found[k], want[k]
-        if w >= 0 and f != w:
-            name = _KINDS[k][1]
-            raise ValueError(
-                f"{name} features and {name} tokens do not match: input_ids hold {f} {name} tokens, "
-                f"the {name} embeddings have {w} rows"
-            )
+    got = _plan_rows(ids, types, types.size > 0, glm, tok, *want, rows, visual, deepstack_rows)
+    if (
+        (want[0] >= 0 and got[1] != want[0])
+        or (want[1] >= 0 and got[2] != want[1])
+        or (want[2] >= 0 and got[3] != want[2])
+    ):
+        _count_error(got[1:], want)
+    v = got[0]
     return SplicePlan(
         rows=rows,
         visual_pos_masks=visual,
