@@ -446,9 +446,13 @@ def mask_u8(mask, out):
     instead of numpy's and / any / astype temporaries."""
     nb, length = mask.shape
     for b in range(nb):
-        for j in range(length):
+        bad = 0
+        for j in range(length):  # no exit inside, so LLVM vectorises it; a bad row is searched after
             v = mask[b, j]
-            if v != 0 and v != 1:
-                return b * length + j
+            bad |= v & ~1  # nonzero for any value but 0 / 1 (negatives included)
             out[b, j] = v
+        if bad:
+            for j in range(length):
+                if mask[b, j] != 0 and mask[b, j] != 1:
+                    return b * length + j
     return -1

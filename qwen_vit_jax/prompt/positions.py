@@ -186,8 +186,10 @@ def _time_scales(cfg: PromptConfig, second_per_grid_ts, nv: int):
         raise ValueError(f"{cfg.family}: second_per_grid_ts is required with videos (HF's thinker reads one per video)")
     elif not nv:
         return _NO_TIMES, _ONE, _ONE
+    elif rules.time == TIME_TPS:  # Qwen2.5-VL's default, 1 second per grid: f32(tps) * f32(1) = f32(tps)
+        return np.full(nv, np.float32(cfg.tokens_per_second), np.float32), _ONE, _ONE
     else:
-        s = np.ones(nv, np.float32)  # Qwen2.5-VL's default: 1 second per grid
+        s = np.ones(nv, np.float32)
     if rules.time == TIME_TPS:
         return np.float32(cfg.tokens_per_second) * s, _ONE, _ONE  # float32, as torch's int * float32 tensor
     if rules.time == TIME_OMNI:
