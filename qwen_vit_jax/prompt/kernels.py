@@ -437,3 +437,22 @@ def rope_rows(ids, types, mask, images, videos, video_a, image_b, video_b, audio
         _fail(err, E_LEFT_OVER, -1, VIDEO, 0, vi, videos.shape[0])
     elif ai != audio_len.shape[0]:
         _fail(err, E_LEFT_OVER, -1, AUDIO, 0, ai, audio_len.shape[0])
+
+
+@numba.njit(cache=True)
+def mask_u8(mask, out):
+    """An integer attention mask [B, L] (any int dtype, e.g. the processors' int64) copied into out
+    uint8 [B, L] in one pass; returns the flat index of the first value other than 0 / 1 (-1: none),
+    instead of numpy's and / any / astype temporaries."""
+    nb, length = mask.shape
+    for b in range(nb):
+        bad = 0
+        for j in range(length):  # no exit inside, so LLVM vectorises it; a bad row is searched after
+            v = mask[b, j]
+            bad |= v & ~1  # nonzero for any value but 0 / 1 (negatives included)
+            out[b, j] = v
+        if bad:
+            for j in range(length):
+                if mask[b, j] != 0 and mask[b, j] != 1:
+                    return b * length + j
+    return -1

@@ -68,6 +68,8 @@ def _knobs(cfg: PromptConfig, audio_in_video: bool) -> np.ndarray:
 def _grid(g, name: str) -> np.ndarray:
     if g is None:
         return _EMPTY_GRID
+    if type(g) is np.ndarray and g.dtype == np.int64 and g.ndim == 2 and g.shape[1] == 3 and g.flags.c_contiguous:
+        return g  # already what the kernel takes: no conversion calls
     a = np.asarray(g)
     if a.ndim != 2 or a.shape[1] != 3 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"{name} must be an integer array [k, 3] of (t, h, w), got {a.dtype} {a.shape}")
@@ -128,19 +130,20 @@ def rope_index(
     """
     cfg = prompt_config(source)
     rules = cfg.rules
-    ids = np.asarray(input_ids)
+    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    ids = np.ascontiguousarray(ids, np.int64)  # no copy when it already is
+    if ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        ids = np.ascontiguousarray(ids, np.int64)
     nb, length = ids.shape
     if attention_mask is None:
         mask = _NO_MASK
     else:
-        mask = np.asarray(attention_mask)
+        mask = attention_mask if type(attention_mask) is np.ndarray else np.asarray(attention_mask)
         if mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must be equal")
         # one dtype for the kernel (one compiled specialization); values other than 0 / 1 are refused
-        mask = np.ascontiguousarray(mask.view(np.uint8) if mask.dtype == np.bool_ else _mask01(mask))
+        mask = _mask_u8(mask)
     if mm_token_type_ids is None:
         types = _NO_TYPES
     else:
@@ -183,8 +186,10 @@ def _time_scales(cfg: PromptConfig, second_per_grid_ts, nv: int):
         raise ValueError(f"{cfg.family}: second_per_grid_ts is required with videos (HF's thinker reads one per video)")
     elif not nv:
         return _NO_TIMES, _ONE, _ONE
+    elif rules.time == TIME_TPS:  # Qwen2.5-VL's default, 1 second per grid: f32(tps) * f32(1) = f32(tps)
+        return np.full(nv, np.float32(cfg.tokens_per_second), np.float32), _ONE, _ONE
     else:
-        s = np.ones(nv, np.float32)  # Qwen2.5-VL's default: 1 second per grid
+        s = np.ones(nv, np.float32)
     if rules.time == TIME_TPS:
         return np.float32(cfg.tokens_per_second) * s, _ONE, _ONE  # float32, as torch's int * float32 tensor
     if rules.time == TIME_OMNI:
@@ -203,13 +208,27 @@ def _audio_lengths(cfg: PromptConfig, audio_seqlens) -> np.ndarray:
     return alen
 
 
-def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
-    """An integer 0 / 1 mask as uint8; ValueError naming the first other value (a uint8 one is left to
-    the kernel's own check when `kernel`)."""
+def _mask_u8(mask: np.ndarray) -> np.ndarray:
+    """A bool or integer 0 / 1 mask as contiguous uint8 for the kernel; ValueError naming the first
+    other value (a uint8 one is left to the kernel's own check)."""
+    if mask.dtype == np.bool_:
+        return np.ascontiguousarray(mask.view(np.uint8))
     if mask.dtype.kind not in "iu":
         raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
-    if mask.dtype == np.uint8 and kernel:
-        return mask
+    if mask.dtype == np.uint8:
+        return np.ascontiguousarray(mask)
+    out = np.empty(mask.shape, np.uint8)
+    bad = K.mask_u8(mask, out)  # one pass, no temporaries
+    if bad >= 0:
+        b, j = divmod(bad, mask.shape[1])
+        raise ValueError(f"attention_mask row {b}, column {j}: {mask[b, j]} (only 0 and 1 are accepted)")
+    return out
+
+
+def _mask01(mask: np.ndarray) -> np.ndarray:
+    """An integer 0 / 1 mask as uint8; ValueError naming the first other value."""
+    if mask.dtype.kind not in "iu":
+        raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
     bad = mask & ~np.array(1, mask.dtype)  # nonzero where a value is neither 0 nor 1 (negatives included)
     if bad.any():
         b, j = np.argwhere(bad != 0)[0]
@@ -220,7 +239,7 @@ def _mask01(mask: np.ndarray, kernel: bool = True) -> np.ndarray:
 def _text_only(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The Omni thinkers' branch without image or video grids: positions cumsum(mask) - 1, padding 1."""
     if mask.size and mask.max() > 1:
-        _mask01(mask, kernel=False)  # names the first value other than 0 / 1
+        _mask01(mask)  # names the first value other than 0 / 1
     m = mask.astype(np.int64)
     p = np.cumsum(m, axis=1) - 1
     p[m == 0] = 1
@@ -319,7 +338,7 @@ def decode_positions(deltas, start: int, length: int, attention_mask=None) -> np
         if m.dtype.kind not in "iu":
             raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {m.dtype}")
         if m.size and (m.min() < 0 or m.max() > 1):
-            _mask01(m, kernel=False)  # names the first bad value
+            _mask01(m)  # names the first bad value
     new = m[:, start:].astype(np.int64)  # [B', length]
     # HF: cumsum over the whole mask - 1, 0 where masked, + delta; only the last `length` columns kept
     p = np.cumsum(new, axis=1) + np.count_nonzero(m[:, :start], axis=1)[:, None] - 1

@@ -67,29 +67,28 @@ jax.tree_util.register_dataclass(
 
 
 @numba.njit(cache=True)
-def _plan_rows(ids, types, have_types, glm, tok, want, rows, visual, deepstack_rows, found):
+def _plan_rows(ids, types, have_types, glm, tok, n_image, n_video, n_audio, rows, visual, deepstack_rows):
     """One pass over the prompt [B, L]: each position's table row, the visual mask and the joint
     deepstack rows; the token types as `token_types` (or `types` when given).
 
     tok: int64 [6]: image, video, audio placeholder ids, GLM's video start / end ids (-1: none), and
-        whether GLM typing applies (tok[5]). want: int64 [3] image / video / audio rows given (-1:
-        not given). Out: rows int32 [B * L], visual bool [B * L], deepstack_rows int32 [B * L] (its
-        first V used), found int64 [3] tokens of each kind. Returns V."""
+        whether GLM typing applies (tok[5]). n_image, n_video, n_audio: the rows given of each kind
+        (-1: not given). Out: rows int32 [B, L], visual bool [B, L], deepstack_rows int32 [B * L] (its
+        first V used). Returns (V, image tokens, video tokens, audio tokens)."""
     nb, length = ids.shape
     n = nb * length
+    want = (n_image, n_video, n_audio)
     # the table: [text (B * L); image rows; video rows; audio rows], a kind not given adds no rows
-    base = np.empty(3, np.int64)
-    base[0] = n
-    base[1] = base[0] + max(want[0], 0)
-    base[2] = base[1] + max(want[1], 0)
-    n_image = max(want[0], 0)  # the joint deepstack table: [image rows; video rows]
+    base = (n, n + max(n_image, 0), n + max(n_image, 0) + max(n_video, 0))
+    n_image_rows = max(n_image, 0)  # the joint deepstack table: [image rows; video rows]
+    found = [0, 0, 0]
     v = 0
     for b in range(nb):
         depth = 0  # GLM: <|begin_of_video|> seen minus <|end_of_video|> seen, this row, inclusive
         for l in range(length):
             p = b * length + l
             t = ids[b, l]
-            rows[p] = p
+            rows[b, l] = p
             if have_types:
                 k = types[b, l]
             elif glm:
@@ -114,12 +113,12 @@ def _plan_rows(ids, types, have_types, glm, tok, want, rows, visual, deepstack_r
             found[k - 1] = i + 1
             if want[k - 1] < 0:
                 continue  # not given: the token keeps its text row (HF)
-            rows[p] = base[k - 1] + i
+            rows[b, l] = base[k - 1] + i
             if k < 3:
-                visual[p] = True
-                deepstack_rows[v] = i if k == 1 else n_image + i
+                visual[b, l] = True
+                deepstack_rows[v] = i if k == 1 else n_image_rows + i
                 v += 1
-    return v
+    return v, found[0], found[1], found[2]
 
 
 _NO_TYPES = np.zeros((0, 0), np.int32)
@@ -143,15 +142,27 @@ def _types(cfg, ids, mm_token_type_ids) -> np.ndarray:
 _TOKENS: dict[int, tuple] = {}
 
 
-def _tokens(cfg) -> np.ndarray:
+def _tokens(cfg) -> tuple[np.ndarray, bool]:
+    """(tok, whether GLM typing applies) of a config, built once per config object."""
     hit = _TOKENS.get(id(cfg))
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    glm = cfg.rules.glm_types
+    glm = bool(cfg.rules.glm_types)
     ids = (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id, cfg.video_start_token_id, cfg.video_end_token_id)
     tok = np.array([-1 if i is None else i for i in ids] + [int(glm)], np.int64)
-    _TOKENS[id(cfg)] = (cfg, tok)
-    return tok
+    _TOKENS[id(cfg)] = (cfg, (tok, glm))
+    return tok, glm
+
+
+def _count_error(found, want):
+    """HF's get_placeholder_mask check: the first kind whose token count differs from its rows."""
+    for k in range(3):
+        if want[k] >= 0 and found[k] != want[k]:
+            name = _KINDS[k][1]
+            raise ValueError(
+                f"{name} features and {name} tokens do not match: input_ids hold {found[k]} {name} tokens, "
+                f"the {name} embeddings have {want[k]} rows"
+            )
 
 
 def plan_splice(
@@ -175,38 +186,44 @@ def plan_splice(
         get_placeholder_mask check), naming both.
     """
     cfg = prompt_config(source)
-    ids = np.asarray(input_ids)
+    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
     types = _types(cfg, ids, mm_token_type_ids)
     if ids.dtype != np.int64 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, np.int64)
-    counts = (image_rows, video_rows, audio_rows)
-    want = np.array([-1 if c is None else c for c in counts], np.int64)
-    if any(c is not None and c < 0 for c in counts):
-        raise ValueError(f"image_rows, video_rows, audio_rows must be >= 0 or None, got {counts}")
-    tok = _tokens(cfg)
-    n = ids.size
-    rows = np.empty(n, np.int32)
-    visual = np.zeros(n, np.bool_)
-    deepstack_rows = np.empty(n, np.int32)
-    found = np.zeros(3, np.int64)
-    v = _plan_rows(ids, types, types.size > 0, bool(tok[5]), tok, want, rows, visual, deepstack_rows, found)
-    wants = want.tolist()
-    for k, (f, w) in enumerate(zip(found.tolist(), wants)):
-        if w >= 0 and f != w:
-            name = _KINDS[k][1]
-            raise ValueError(
-                f"{name} features and {name} tokens do not match: input_ids hold {f} {name} tokens, "
-                f"the {name} embeddings have {w} rows"
-            )
+    want = (
+        -1 if image_rows is None else int(image_rows),
+        -1 if video_rows is None else int(video_rows),
+        -1 if audio_rows is None else int(audio_rows),
+    )
+    if (
+        (image_rows is not None and image_rows < 0)
+        or (video_rows is not None and video_rows < 0)
+        or (audio_rows is not None and audio_rows < 0)
+    ):
+        raise ValueError(
+            f"image_rows, video_rows, audio_rows must be >= 0 or None, got {(image_rows, video_rows, audio_rows)}"
+        )
+    tok, glm = _tokens(cfg)
+    rows = np.empty(ids.shape, np.int32)
+    visual = np.zeros(ids.shape, np.bool_)
+    deepstack_rows = np.empty(ids.size, np.int32)
+    got = _plan_rows(ids, types, types.size > 0, glm, tok, *want, rows, visual, deepstack_rows)
+    if (
+        (want[0] >= 0 and got[1] != want[0])
+        or (want[1] >= 0 and got[2] != want[1])
+        or (want[2] >= 0 and got[3] != want[2])
+    ):
+        _count_error(got[1:], want)
+    v = got[0]
     return SplicePlan(
-        rows=rows.reshape(ids.shape),
-        visual_pos_masks=visual.reshape(ids.shape),
+        rows=rows,
+        visual_pos_masks=visual,
         deepstack_rows=deepstack_rows[:v],
-        image_rows=None if wants[0] < 0 else wants[0],
-        video_rows=None if wants[1] < 0 else wants[1],
-        audio_rows=None if wants[2] < 0 else wants[2],
+        image_rows=want[0] if want[0] >= 0 else None,
+        video_rows=want[1] if want[1] >= 0 else None,
+        audio_rows=want[2] if want[2] >= 0 else None,
     )
 
 
