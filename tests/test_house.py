@@ -23,9 +23,10 @@ LAYERS = {
     "weights": 7,
     "runtime": 8,
     "data": 9,
-    "tools": 10,
-    "__init__": 11,
-    "__main__": 11,
+    "serve": 10,
+    "tools": 11,
+    "__init__": 12,
+    "__main__": 12,
 }
 MAX_LINES = 600
 _LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use
@@ -136,7 +137,7 @@ def test_help_imports_no_jax():
     assert p.returncode == 0, p.stderr
 
 
-@pytest.mark.parametrize("command", ["encode", "aot", "demo", "convert"])
+@pytest.mark.parametrize("command", ["encode", "aot", "demo", "convert", "serve"])
 def test_command_help_imports_no_jax(command):
     code = (
         f"import sys; from qwen_vit_jax.tools.cli import main; rc = main(['{command}', '--help']); "
