@@ -10,6 +10,7 @@
   app.py        create_app(settings): the FastAPI app (routes, limits, auth, answers).
   client.py     Client(url, api_key=None).embed(images) -> Embeddings, retrying 429 / 503.
   cli.py        `qwen-vit-jax serve CKPT` flags and run.
+  ray_app.py    app(checkpoint, ...): the same app as a Ray Serve application.
 
     import qwen_vit_jax as qvj
     app = qvj.serve.create_app(qvj.serve.Settings(checkpoint="ckpt"))    # uvicorn.run(app)
@@ -25,6 +26,7 @@ _EXPORTS = {
     "create_app": "app",
     "Client": "client",
     "ServeError": "client",
+    "app": "ray_app",
 }
 __all__ = sorted(_EXPORTS)
 
