@@ -185,7 +185,7 @@ def _parse(body: bytes, s: Settings) -> tuple[list[Item], str, bool]:
     field or item that is wrong."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested past the parser's depth
         raise Failure(400, f"the body is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise Failure(400, "the body must be a JSON object with an `input` list")
