@@ -145,6 +145,29 @@ def test_safetensors_answer_is_an_embeddings_file(tiny_dirs, tiny_encoder, image
     assert e.metadata["sha256"][0] == hashlib.sha256(pngs[0]).hexdigest()
 
 
+def test_a_video_item_equals_encode_video(tiny_dirs, tiny_encoder, tmp_path):
+    """A video's bytes with fps: encode_video's tokens and preprocess_video's timestamps."""
+    from video_samples import write_clip
+
+    import qwen_vit_jax as qvj
+
+    path = write_clip(tmp_path / "clip.mov", "png_odd_97x61_7fps_3s")
+    want = tiny_encoder.encode_video(path, fps=2)
+    _, grid, stamps = qvj.preprocess_video(path, config=tiny_encoder.video_preprocess, fps=2)
+    with open(path, "rb") as f:
+        raw = f.read()
+
+    async def go():
+        async with served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, _):
+            return await c.post("/v1/embeddings", json={"input": [{"video": b64(raw), "fps": 2}]})
+
+    r = asyncio.run(go())
+    assert r.status_code == 200, r.text
+    d = r.json()["data"][0]
+    assert d["grid_thw"] == grid[0].tolist() and rel_err(np.array(d["embedding"], np.float32), want) <= 1e-6
+    assert d["timestamps"] == (None if stamps is None else [float(t) for t in stamps])
+
+
 # ---- batching and the caches --------------------------------------------------------------------
 def test_concurrent_requests_share_one_batch(tiny_dirs, tiny_encoder, images, pngs):
     """Four concurrent requests (distinct images) land in one encode call; each answer is its own."""
@@ -347,19 +370,32 @@ def test_request_timeout_gets_504(tiny_dirs, tiny_encoder, pngs):
 
 
 def test_a_dead_worker_is_replaced_and_its_item_gets_503(tiny_dirs, tiny_encoder, pngs):
+    """An idle worker killed is replaced before an item meets it; one killed while it prepares an
+    item fails that item alone (503) and is replaced; the next request is answered."""
+    slow = png(make_image(3000, 3000, seed=5))  # long enough to prepare to be killed in the middle
+
     async def go():
         async with served(settings_for(tiny_dirs[1], workers=1, cache_bytes=0), tiny_encoder) as (c, app):
             pool = app.state.service.pool
-            (pid,) = pool.pids()
-            os.kill(pid, signal.SIGKILL)
-            await asyncio.sleep(0.2)
-            lost = await c.post("/v1/embeddings", json=body(pngs[1]))
+            (first,) = pool.pids()
+            os.kill(first, signal.SIGKILL)
+            while pool.pids() in ([first], []):
+                await asyncio.sleep(0.02)
+            idle = await c.post("/v1/embeddings", json=body(pngs[1]))
+            lost = asyncio.ensure_future(c.post("/v1/embeddings", json=body(slow)))
+            while not pool.busy_pids():
+                await asyncio.sleep(0.002)
+            (second,) = pool.busy_pids()
+            os.kill(second, signal.SIGKILL)
+            lost = await lost
             after = await c.post("/v1/embeddings", json=body(pngs[1]))
-            return lost, after, pid, pool.pids(), metric(app, "qvj_workers_replaced_total")
+            return idle, lost, after, {first, second, *pool.pids()}, metric(app, "qvj_workers_replaced_total")
 
-    lost, after, pid, pids, replaced = asyncio.run(go())
-    assert lost.status_code == 503 and "died (SIGKILL)" in lost.json()["error"]["message"]
-    assert after.status_code == 200 and replaced == 1 and len(pids) == 1 and pids[0] != pid
+    idle, lost, after, pids, replaced = asyncio.run(go())
+    assert idle.status_code == 200
+    assert lost.status_code == 503 and "died (SIGKILL)" in lost.json()["error"]["message"], lost.text
+    assert lost.json()["error"]["message"].startswith("input[0]: ")
+    assert after.status_code == 200 and replaced == 2 and len(pids) == 3
 
 
 # ---- over real HTTP -------------------------------------------------------------------------------

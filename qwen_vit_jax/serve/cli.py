@@ -105,9 +105,12 @@ def run(args) -> int:
     from qwen_vit_jax.weights.sources import resolve_source
 
     resolve_source(settings.checkpoint)  # a missing checkpoint fails here, not in the background load
-    import uvicorn
+    try:
+        import uvicorn
 
-    from qwen_vit_jax.serve.app import create_app
+        from qwen_vit_jax.serve.app import create_app
+    except ImportError as e:
+        raise ValueError(f"serve needs the serve extra: pip install 'qwen_vit_jax[serve]' ({e})") from None
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)

@@ -4,7 +4,8 @@ Each worker is a spawned process running the CLI's per-input pipeline (`qwen_vit
 Prepare`: decode, resize, patchify) on the bytes it is sent; a feeder thread in the server process
 owns each worker, sends it one item at a time and waits for the answer or the worker's end. A
 worker that dies (killed, out of memory) fails the item it held with `WorkerDied` (the request gets
-503: nothing is lost silently) and is replaced at once by a fresh process. `workers=0` prepares in a
+503: nothing is lost silently) and is replaced at once by a fresh process; an idle worker that dies
+is replaced within WATCH_S, before an item meets it. `workers=0` prepares in a
 thread of the server process (tests; a process with nothing to spare).
 
 Workers ignore SIGINT and SIGTERM: a signal to the process group reaches the server, which drains
@@ -22,6 +23,8 @@ import signal
 import tempfile
 import threading
 from multiprocessing.connection import wait
+
+WATCH_S = 0.1  # how often an idle feeder checks that its worker is alive
 
 
 class WorkerDied(RuntimeError):
@@ -89,6 +92,7 @@ class PreparePool:
         self._lock = threading.Lock()
         self.replaced = 0
         self._started = threading.Semaphore(0)
+        self._busy = [False] * len(self._procs)
         self._threads = [
             threading.Thread(target=self._feed, args=(i,), name=f"qvj-prepare-{i}", daemon=True)
             for i in range(len(self._procs))
@@ -142,11 +146,16 @@ class PreparePool:
         conn.close()
 
     def _feed(self, i: int) -> None:
-        worker = None if self._inline else self._start(i)  # started now: the first item pays no start-up
+        worker = None if self._inline else self._restart(i)  # started now: the first item pays no start-up
         self._started.release()
         try:
             while True:
-                task = self._tasks.get()
+                try:
+                    task = self._tasks.get(timeout=WATCH_S)
+                except queue.Empty:  # idle: a worker that died meanwhile is replaced before an item finds it
+                    if worker is not None and not worker[0].is_alive():
+                        worker = self._replace(i)
+                    continue
                 if task is None:
                     return
                 if task.cancelled or not task.future.set_running_or_notify_cancel():
@@ -160,19 +169,36 @@ class PreparePool:
                 try:
                     if worker is None:
                         worker = self._start(i)
+                    self._busy[i] = True
                     result = self._ask(worker, task)
                 except WorkerDied as e:
                     task.future.set_exception(e)  # its request answers 503
-                    self._stop(i)
-                    worker = None
-                    self.replaced += 1
-                    self._on_replace()
-                    worker = self._start(i)  # replaced at once, before the next item
+                    worker = self._replace(i)
                     continue
+                finally:
+                    self._busy[i] = False
                 task.future.set_result(result)
         finally:
             if not self._inline:
                 self._stop(i)
+
+    def _restart(self, i: int):
+        """A fresh worker i, or None when it cannot start (tried again with the next item)."""
+        try:
+            return self._start(i)
+        except (WorkerDied, OSError):
+            return None
+
+    def _replace(self, i: int):
+        self._stop(i)
+        self.replaced += 1
+        self._on_replace()
+        return self._restart(i)
+
+    def busy_pids(self) -> list[int]:
+        """The workers preparing an item right now."""
+        with self._lock:
+            return [x[0].pid for x, b in zip(self._procs, self._busy) if x is not None and b]
 
     def wait_started(self, timeout: float | None = None) -> bool:
         """Block until every worker has started (its imports done); False on timeout."""
