@@ -38,6 +38,7 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from qwen_vit_jax.serve.metrics import Metrics
 from qwen_vit_jax.serve.service import Busy, Failure, Item, Service
@@ -117,10 +118,13 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
     if length is not None and length.isdigit() and int(length) > s.max_body_bytes:
         return _error(413, f"the body has {int(length):,} bytes; at most {s.max_body_bytes:,}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > s.max_body_bytes:
-            return _error(413, f"the body is over {s.max_body_bytes:,} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > s.max_body_bytes:
+                return _error(413, f"the body is over {s.max_body_bytes:,} bytes")
+    except ClientDisconnect:  # gone while sending: nothing was admitted
+        return _error(499, "the client closed the connection")
     try:
         items, fmt, deepstack = await asyncio.to_thread(_parse, bytes(body), s)
     except Failure as e:

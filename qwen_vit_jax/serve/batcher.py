@@ -44,6 +44,7 @@ class Job:
     grid: np.ndarray
     timestamps: np.ndarray
     deepstack: bool = False
+    waited: float = 0.0  # seconds it queued before this (for a worker): the queue stage counts both
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
@@ -139,7 +140,7 @@ class Batcher:
         now = time.perf_counter()
         if m is not None:
             for job in batch:
-                m.stage.labels("queue").observe(now - job.enqueued)
+                m.stage.labels("queue").observe(job.waited + now - job.enqueued)
         try:
             results = self._encode(batch)
         except Exception as e:  # noqa: BLE001 (any failure of the call: the items are tried alone)

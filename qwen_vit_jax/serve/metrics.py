@@ -5,6 +5,7 @@ in one process (tests, a Ray replica per device) never share counters.
     qvj_items_total{status}                items answered: ok, cached, bad_input, too_large, busy,
                                            unavailable (a dead worker), timeout, cancelled, error
     qvj_queue_items                        items admitted and not yet answered (what --max-queue bounds)
+    qvj_waiting_items{stage}               of those, waiting for a worker (prepare) or their batch (batch)
     qvj_batch_items / qvj_batch_fill       items per device call; its patches / the patch budget
     qvj_batch_padding                      padded rows / bucket rows of each device call
     qvj_cache_total{result}                memory / disk / inflight hits, and misses
@@ -33,6 +34,9 @@ class Metrics:
         self.requests = Counter("qvj_requests", "Requests answered, by HTTP status", ["status"], registry=r)
         self.items = Counter("qvj_items", "Items answered, by outcome", ["status"], registry=r)
         self.queue = Gauge("qvj_queue_items", "Items admitted and not yet answered", registry=r)
+        self.waiting = Gauge(
+            "qvj_waiting_items", "Items waiting for a worker or for their batch", ["stage"], registry=r
+        )
         self.batch_items = Histogram("qvj_batch_items", "Items per device call", buckets=COUNT_BUCKETS, registry=r)
         self.batch_fill = Histogram(
             "qvj_batch_fill", "Patches of a device call / the patch budget", buckets=FRACTION_BUCKETS, registry=r

@@ -104,6 +104,10 @@ class PreparePool:
         self._tasks.put(task)
         return task
 
+    def waiting(self) -> int:
+        """Tasks not yet taken by a worker."""
+        return self._tasks.qsize()
+
     def pids(self) -> list[int]:
         with self._lock:
             return [p.pid for p, _ in (x for x in self._procs if x is not None)]

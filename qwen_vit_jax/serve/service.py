@@ -88,8 +88,8 @@ class Service:
         s = self.settings
         try:
             enc = encoder if encoder is not None else _load_encoder(s)
-            if s.declare:
-                enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
+            if s.declare:  # tight buckets on one device; several devices compile the mesh's rungs
+                enc.warmup([[list(g)] for g in s.declare], tight=len(enc.devices) == 1, uint8=True)
             from qwen_vit_jax.preprocess.images import pixel_table
 
             self._tables = {
@@ -111,6 +111,8 @@ class Service:
             self.batcher = Batcher(
                 enc, s.max_batch_patches or enc.max_batch_patches, s.max_wait_ms / 1000, self.metrics
             )
+            self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
+            self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
             self.enc = enc
         except Exception as e:  # noqa: BLE001 (reported by /readyz and the log; the process stays up)
             self.error = f"{type(e).__name__}: {e}"
@@ -203,7 +205,7 @@ class Service:
         except WorkerDied as e:
             raise Failure(503, f"{e}; not prepared, send it again") from None
         m.stage.labels("prepare").observe(d.get("seconds", 0.0))
-        m.stage.labels("queue").observe(max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0))
+        waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
         if d.get("error"):
             raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
         from qwen_vit_jax.plan.contract import Patches
@@ -215,6 +217,7 @@ class Service:
             np.array([d["grid"]], np.int64),
             np.array(d["timestamps"], np.float64),
             deepstack,
+            waited,
         )
         self.batcher.submit(job)
         try:
