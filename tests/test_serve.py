@@ -491,3 +491,26 @@ def test_cli_serves_and_drains_on_sigterm(tiny_dirs, pngs):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_refuses_what_it_cannot_serve(tiny_dirs, tmp_path, capsys):
+    """Exit 1 with one `error:` line: a non-loopback host without a key, a missing checkpoint, and a
+    checkpoint that fails to load (the server stops instead of never turning ready)."""
+    import shutil
+
+    from qwen_vit_jax.tools.cli import main
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dirs[1], bad)
+    for f in bad.glob("*.safetensors"):
+        f.write_bytes(f.read_bytes()[:1000])
+    port = str(free_port())
+    cases = [
+        (["serve", str(tiny_dirs[1]), "--host", "0.0.0.0"], "requires an API key"),
+        (["serve", str(tmp_path / "missing"), "--port", port], "missing"),
+        (["serve", str(bad), "--port", port, "--workers", "0", "--log-level", "error"], "cannot serve"),
+    ]
+    for argv, text in cases:
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "error: " in err and text in err, err

@@ -100,6 +100,8 @@ def run(args) -> int:
     """Serve until SIGTERM / Ctrl-C; every bad flag, a missing checkpoint or key file is a ValueError /
     OSError (the CLI's `error: ...` line) before anything listens."""
     import logging
+    import threading
+    import time
 
     settings = settings_from(args)
     from qwen_vit_jax.weights.sources import resolve_source
@@ -123,6 +125,16 @@ def run(args) -> int:
         timeout_graceful_shutdown=settings.request_timeout_s + 5,
     )
     server = uvicorn.Server(config)
+    service = app.state.service
+
+    def stop_if_load_fails() -> None:  # a server that can never be ready exits (the error below)
+        while not (server.should_exit or service.ready):
+            if service.error is not None:
+                server.should_exit = True
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=stop_if_load_fails, name="qvj-load-watch", daemon=True).start()
     try:
         server.run()
     except KeyboardInterrupt as e:
@@ -131,4 +143,6 @@ def run(args) -> int:
         if str(e).startswith("signal SIGTERM"):
             return 0
         raise
+    if service.error is not None:
+        raise ValueError(f"cannot serve {settings.checkpoint}: {service.error}")
     return 0 if server.started else 1
