@@ -213,7 +213,8 @@ def body(images: list[bytes], **extra) -> bytes:
 @dataclasses.dataclass
 class Result:
     """One request: HTTP status (UNANSWERED: no answer), seconds from send to answer, send time
-    (monotonic), items answered from the cache, and the error's name when unanswered."""
+    (monotonic), items answered (of a 200) and of them from the cache, the error's name when
+    unanswered, the Retry-After header."""
 
     status: int
     seconds: float
@@ -221,6 +222,7 @@ class Result:
     cached: int = 0
     items: int = 0
     error: str | None = None
+    retry_after: str | None = None
 
 
 async def _send(client, url: str, content: bytes, headers=None, timeout: float = 60.0) -> Result:
@@ -237,7 +239,7 @@ async def _send(client, url: str, content: bytes, headers=None, timeout: float =
     if r.status_code == 200:
         data = r.json()["data"]
         items, cached = len(data), sum(bool(d.get("cached")) for d in data)
-    return Result(r.status_code, time.monotonic() - t0, t0, cached, items)
+    return Result(r.status_code, time.monotonic() - t0, t0, cached, items, retry_after=r.headers.get("retry-after"))
 
 
 def _limits(n: int):
