@@ -176,15 +176,21 @@ class Service:
             flight.refs += 1
         else:
             flight = self._inflight[fkey] = _Flight(asyncio.ensure_future(self._compute(item, deepstack)))
-            flight.task.add_done_callback(lambda _t: self._inflight.pop(fkey, None))
+            flight.task.add_done_callback(lambda _t, f=flight: self._land(fkey, f))
         try:
             r, cached = await asyncio.shield(flight.task)
         except asyncio.CancelledError:
             flight.refs -= 1
             if flight.refs == 0:  # nobody else waits: drop it wherever it is
+                self._land(fkey, flight)  # a later request for the same bytes starts afresh
                 flight.task.cancel()
             raise
         return r, cached or joined
+
+    def _land(self, fkey: tuple, flight: _Flight) -> None:
+        """`flight` is no longer in flight (done, or dropped by its last waiter)."""
+        if self._inflight.get(fkey) is flight:
+            del self._inflight[fkey]
 
     async def _compute(self, item: Item, deepstack: bool) -> tuple[Result, bool]:
         m, key = self.metrics, item.key
