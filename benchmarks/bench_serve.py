@@ -23,7 +23,9 @@ another bucket: each new one compiles, or loads from the cache, once). Phases, i
               p50 / p99 seconds from send to answer
   cache       --n requests, half of them images the saturation phase sent (the LRU holds them),
               closed loop: the share answered `cached`, from the responses and from /metrics
-  overload    Poisson arrivals at 2x the saturation rate for --seconds: the share of 429s; every other
+  overload    Poisson arrivals at 2x the larger of the saturation and offline rates (the saturation
+              phase can pay compiles later batches do not), for --seconds or long enough for the
+              backlog to pass --max-queue twice over: the share of 429s; every other
               request answered (200; none unanswered: no connection error, no client timeout); the
               server's RSS (its process and workers) every 0.25 s: before, peak, last, and the growth
               over the second half of the phase
@@ -266,20 +268,22 @@ def run(args) -> dict:
         }
         log(f"cache: {out['cache']['cached_share']:.0%} answered from the cache")
 
-        # long enough for the backlog (growing at `rate`) to pass --max-queue twice over
-        k = max(int(2 * rate * max(args.seconds, 2 * args.max_queue / rate)), 20)
+        # 2x the larger of the saturation rate and offline's (the saturation phase may have paid
+        # compiles that later batches do not), long enough for the backlog to pass --max-queue twice
+        capacity = max(rate, off["images_per_s"])
+        k = max(int(2 * capacity * max(args.seconds, 2 * args.max_queue / capacity)), 20)
         over_bodies = [st.body([b]) for b in images("overload", k)]
         base = server.rss_mb()
         with RssSampler(server) as rss:
             results, wall = asyncio.run(
-                st.open_loop(server.url, over_bodies, 2 * rate, seed=2, timeout=TIMEOUT, max_in_flight=2048)
+                st.open_loop(server.url, over_bodies, 2 * capacity, seed=2, timeout=TIMEOUT, max_in_flight=2048)
             )
         mem = [mb for _, mb in rss.samples]
         half = mem[len(mem) // 2 :] or mem
         s = st.statuses(results)
         out["overload"] = {
             **answered(results),
-            "rate": 2 * rate,
+            "rate": 2 * capacity,
             "seconds": wall,
             "share_429": s.get(429, 0) / len(results),
             "accepted_not_200": sum(v for k_, v in s.items() if k_ not in (200, 429)),
