@@ -63,7 +63,10 @@ def create_app(settings: Settings, *, encoder=None) -> FastAPI:
         finally:
             with contextlib.suppress(Exception):
                 await loading
-            await asyncio.to_thread(service.close)
+            try:
+                await asyncio.to_thread(service.close)
+            except RuntimeError:  # the interpreter is exiting (no new threads): close here
+                service.close()
 
     app = FastAPI(title="qwen_vit_jax encoder", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
