@@ -356,7 +356,8 @@ def table(r: dict) -> str:
         [
             "2x overload: 429s",
             f"{ov['share_429']:.0%}",
-            f"{ov['rate']:.1f} requests/s for {ov['seconds']:.0f} s, statuses {ov['statuses']}",
+            f"{ov['n'] / ov['seconds']:.1f} requests/s sent (asked {ov['rate']:.1f}) for {ov['seconds']:.0f} s, "
+            f"statuses {ov['statuses']}",
         ],
         ["2x overload: unanswered", f"{ov['unanswered']}", "no connection error, no client timeout"],
         [
