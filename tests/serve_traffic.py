@@ -242,10 +242,12 @@ async def _send(client, url: str, content: bytes, headers=None, timeout: float =
     return Result(r.status_code, time.monotonic() - t0, t0, cached, items, retry_after=r.headers.get("retry-after"))
 
 
-def _limits(n: int):
+def _limits(n: int, keepalive: bool = True):
+    """At most `n` connections; `keepalive=False`: a fresh connection per request (no reuse of a
+    connection the server is closing, a race on the client's side of HTTP/1.1 keep-alive)."""
     import httpx
 
-    return httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    return httpx.Limits(max_connections=n, max_keepalive_connections=n if keepalive else 0)
 
 
 async def closed_loop(url: str, bodies: list[bytes], concurrency: int, timeout: float = 60.0, budget: float = 600.0):
@@ -270,7 +272,13 @@ async def closed_loop(url: str, bodies: list[bytes], concurrency: int, timeout: 
 
 
 async def open_loop(
-    url: str, bodies: list[bytes], rate: float, seed: int = 0, timeout: float = 60.0, max_in_flight: int = 1024
+    url: str,
+    bodies: list[bytes],
+    rate: float,
+    seed: int = 0,
+    timeout: float = 60.0,
+    max_in_flight: int = 1024,
+    keepalive: bool = True,
 ):
     """Send the bodies at Poisson arrivals of `rate` per second whatever the answers (open loop),
     at most `max_in_flight` unanswered at once. -> (results in body order, wall seconds)."""
@@ -279,7 +287,7 @@ async def open_loop(
     rng = random.Random(seed)
     gate = asyncio.Semaphore(max_in_flight)
     t0 = time.monotonic()
-    async with httpx.AsyncClient(limits=_limits(max_in_flight)) as client:
+    async with httpx.AsyncClient(limits=_limits(max_in_flight, keepalive)) as client:
 
         async def one(b):
             async with gate:
