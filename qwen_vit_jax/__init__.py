@@ -66,8 +66,9 @@ __all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"
 
 
-# modules that are part of the API: qvj.data.load(...), qvj.ray.Encoder (Ray Data's stages)
-_MODULES = {"data": "data", "ray": "data.ray_data"}
+# modules that are part of the API: qvj.data.load(...), qvj.ray.Encoder (Ray Data's stages),
+# qvj.serve.Client (the service's client) and qvj.serve.create_app
+_MODULES = {"data": "data", "ray": "data.ray_data", "serve": "serve"}
 
 
 def __getattr__(name):

@@ -26,9 +26,10 @@ LAYERS = {
     "prompt": 8,
     "runtime": 9,
     "data": 10,
-    "tools": 11,
-    "__init__": 12,
-    "__main__": 12,
+    "serve": 11,
+    "tools": 12,
+    "__init__": 13,
+    "__main__": 13,
 }
 MAX_LINES = 600
 _LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use
@@ -139,7 +140,7 @@ def test_help_imports_no_jax():
     assert p.returncode == 0, p.stderr
 
 
-@pytest.mark.parametrize("command", ["encode", "aot", "demo", "convert"])
+@pytest.mark.parametrize("command", ["encode", "aot", "demo", "convert", "serve"])
 def test_command_help_imports_no_jax(command):
     code = (
         f"import sys; from qwen_vit_jax.tools.cli import main; rc = main(['{command}', '--help']); "

@@ -1,4 +1,4 @@
-"""`qwen-vit-jax`: convert | export | encode | verify | bench | aot | demo, every one an argparse
+"""`qwen-vit-jax`: convert | export | encode | serve | verify | bench | aot | demo, every one an argparse
 subcommand of this parser (`set_defaults(func=...)`).
 
     qwen-vit-jax demo                                    # random weights, no download, < 2 min
@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from qwen_vit_jax.files import sigterm_as_interrupt
+from qwen_vit_jax.serve import cli as serve_cli
 from qwen_vit_jax.tools import encode
 from qwen_vit_jax.tools.args import (
     AOT_HELP,
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     encode.add_parser(sub, fmt)
+    serve_cli.add_parser(sub, fmt)
 
     p = sub.add_parser(
         "verify",

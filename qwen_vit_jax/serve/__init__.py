@@ -1,0 +1,42 @@
+"""The encoder as a service (`qwen-vit-jax serve`), and its client. Read in this order:
+
+  settings.py   Settings: one frozen object, every flag of `qwen-vit-jax serve`.
+  prepare.py    the preparation worker pool: bytes -> uint8 patches in worker processes, a dead
+                worker replaced and its item failed (503), never lost.
+  cache.py      Result; the in-memory LRU and the CLI's content-hash cache on disk.
+  batcher.py    dynamic batching: items of concurrent requests -> one encode call per batch.
+  metrics.py    Prometheus metrics of one app.
+  service.py    admission, lookups, in-flight dedup, cancellation: an item's way through.
+  app.py        create_app(settings): the FastAPI app (routes, limits, auth, answers).
+  client.py     Client(url, api_key=None).embed(images) -> Embeddings, retrying 429 / 503.
+  cli.py        `qwen-vit-jax serve CKPT` flags and run.
+  ray_app.py    app(checkpoint, ...): the same app as a Ray Serve application.
+
+    import qwen_vit_jax as qvj
+    app = qvj.serve.create_app(qvj.serve.Settings(checkpoint="ckpt"))    # uvicorn.run(app)
+    e = qvj.serve.Client("http://127.0.0.1:8000").embed([jpeg_bytes])  # an Embeddings
+
+Names load on first use: importing this package costs nothing.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "Settings": "settings",
+    "create_app": "app",
+    "Client": "client",
+    "ServeError": "client",
+    "app": "ray_app",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'qwen_vit_jax.serve' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f"qwen_vit_jax.serve.{_EXPORTS[name]}"), name)
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

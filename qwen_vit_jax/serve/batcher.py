@@ -1,0 +1,193 @@
+"""Dynamic batching: prepared items of concurrent requests -> one `enc.encode` call per batch, on a
+device thread of its own.
+
+    b = Batcher(enc, budget=16384, max_wait_s=0.005, metrics=m)
+    job = b.submit(Job(patches, grid, deepstack=False))   # job.future -> cache.Result
+    ...
+    b.close()                                            # after what is queued
+
+The models are HF's text-embeddings-inference router (a queue, a max wait, batches cut by a token
+budget) and infinity's batch queue; ours cuts by patches. A batch is the oldest waiting item plus
+the later items of the same pixel form (same Patches table and frames per row) that fit the patch
+budget, in arrival order. It leaves when the budget is full (the next item of its form would not
+fit) or when its oldest item has waited `max_wait_s`; items that arrived while the previous batch
+ran have waited already, so under load batches leave back to back and the device never idles
+while items wait. The batch is ONE `enc.encode` call on the concatenated patches: the encoder packs
+it into its buckets exactly as it packs any request, so an item's embedding is what
+`encode_images` gives within padding invariance, and bit for bit what it gives alone when it runs
+alone (the same grid, the same buckets). An item larger than the budget runs alone.
+
+A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
+its request), its neighbours are answered.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from qwen_vit_jax.plan.contract import Patches
+from qwen_vit_jax.serve.cache import Result
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One prepared item: uint8 `Patches` [N, S, p, p, C], grid int64 [1, 3], timestamps float64 [t],
+    whether its request wants deepstack features. `future` gets its `Result`."""
+
+    patches: Patches
+    grid: np.ndarray
+    timestamps: np.ndarray
+    deepstack: bool = False
+    waited: float = 0.0  # seconds it queued before this (for a worker): the queue stage counts both
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    enqueued: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def form(self) -> tuple:
+        """What must agree within one call: the pixel table and the frames per row."""
+        return (self.patches.table.tobytes(), self.patches.frames_per_patch, self.patches.temporal_patch_size)
+
+
+class Batcher:
+    """Jobs -> batches -> `enc.encode`, on one device thread (see the module docstring)."""
+
+    def __init__(self, enc, budget: int, max_wait_s: float, metrics=None):
+        if budget <= 0:
+            raise ValueError(f"the patch budget must be positive, got {budget}")
+        self.enc, self.budget, self.max_wait_s, self.metrics = enc, budget, max_wait_s, metrics
+        self._pending: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.batches = 0  # device calls made
+        self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> Job:
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the batcher is closed")
+            self._pending.append(job)
+            self._cond.notify()
+        return job
+
+    def cancel(self, job: Job) -> bool:
+        """Drop a job that has not left for the device yet (True), else False (it runs; its answer
+        is still cached)."""
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return False
+        job.future.cancel()
+        return True
+
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Encode what is queued, then stop the device thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    # ---- the device thread -------------------------------------------------------------------
+    def _take(self) -> tuple[list[Job], bool]:
+        """The batch the oldest job would leave in now, and whether it is full."""
+        head = self._pending[0]
+        form, batch, total = head.form, [], 0
+        for job in self._pending:
+            if job.form != form:
+                continue
+            n = len(job.patches)
+            if batch and total + n > self.budget:
+                return batch, True
+            batch.append(job)
+            total += n
+        return batch, total >= self.budget
+
+    def _next_batch(self) -> list[Job] | None:
+        with self._cond:
+            while True:
+                if not self._pending:
+                    if self._closing:
+                        return None
+                    self._cond.wait()
+                    continue
+                batch, full = self._take()
+                wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
+                if full or wait <= 0 or self._closing:
+                    for job in batch:
+                        self._pending.remove(job)
+                    return batch
+                self._cond.wait(wait)
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[Job]) -> None:
+        m = self.metrics
+        now = time.perf_counter()
+        if m is not None:
+            for job in batch:
+                m.stage.labels("queue").observe(job.waited + now - job.enqueued)
+        try:
+            results = self._encode(batch)
+        except Exception as e:  # noqa: BLE001 (any failure of the call: the items are tried alone)
+            if len(batch) == 1:
+                batch[0].future.set_exception(e)
+                return
+            for job in batch:
+                try:
+                    (r,) = self._encode([job])
+                except Exception as e1:  # noqa: BLE001 (this item's own failure, handed to its request)
+                    job.future.set_exception(e1)
+                else:
+                    job.future.set_result(r)
+            return
+        for job, r in zip(batch, results):
+            job.future.set_result(r)
+
+    def _encode(self, batch: list[Job]) -> list[Result]:
+        """One `enc.encode` call for the batch, split per job."""
+        enc, m = self.enc, self.metrics
+        grid = np.concatenate([j.grid for j in batch])  # [k, 3]
+        patches = Patches.concatenate([j.patches for j in batch])  # [sum N, S, p, p, C]
+        deepstack = any(j.deepstack for j in batch)
+        t0 = time.perf_counter()
+        # The buckets this call runs in (compiled now if new: the call would compile them anyway).
+        buckets = enc.warmup([grid], uint8=True)
+        out = enc.encode(patches, grid, return_deepstack=deepstack)
+        tokens, features = out if deepstack else (out, None)
+        self.batches += 1
+        if m is not None:
+            m.stage.labels("device").observe(time.perf_counter() - t0)
+            rows = sum(b.patches for b in buckets)
+            m.batch_items.observe(len(batch))
+            m.batch_fill.observe(min(len(patches) / self.budget, 1.0))
+            m.batch_padding.observe((rows - len(patches)) / rows if rows else 0.0)
+        cuts = np.cumsum([len(j.patches) // enc.cfg.merge_unit for j in batch])[:-1]
+        own = len(batch) > 1  # each item its own rows: a cached result must not hold the whole batch
+        embs = [e.copy() if own else e for e in np.split(tokens, cuts)]
+        per_layer = (
+            [[x.copy() if own else x for x in np.split(f, cuts)] for f in features] if features is not None else None
+        )
+        return [
+            Result(
+                j.grid[0].copy(),
+                e,
+                j.timestamps,
+                [layer[i] for layer in per_layer] if (j.deepstack and per_layer is not None) else None,
+            )
+            for i, (j, e) in enumerate(zip(batch, embs))
+        ]

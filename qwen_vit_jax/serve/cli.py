@@ -1,0 +1,148 @@
+"""`qwen-vit-jax serve CKPT`: the subcommand's flags (`add_parser`) and its run (`run`). Building the
+parser imports no jax and no web framework (the CLI's --help stays light).
+
+    qwen-vit-jax serve q3b --max-batch-patches 8192 --max-wait-ms 5 --declare 36x36 --cache ~/.cache/qvj-emb
+    curl -s localhost:8000/v1/embeddings -d '{"input": [{"image": "'$(base64 -w0 cat.jpg)'"}]}'
+
+SIGTERM (and Ctrl-C) stop accepting, answer what is in flight and exit (uvicorn's graceful
+shutdown): 0 after a SIGTERM, 130 after a Ctrl-C, as every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from qwen_vit_jax.serve.settings import Settings, default_workers, parse_declare
+
+SERVE_HELP = """\
+Serve the tower over HTTP: POST /v1/embeddings takes images and videos as bytes (base64 or data:
+URLs in JSON; no path or URL is ever opened) and answers their embeddings, in the shape of OpenAI's
+embeddings API (or, with Accept: application/vnd.safetensors, the file qvj.read_embeddings reads).
+Items of concurrent requests are prepared in worker processes and batched into the encoder's
+buckets: a batch leaves when --max-batch-patches is full or its oldest item waited --max-wait-ms.
+An identical item is encoded once (in flight, the in-memory LRU, --cache DIR on disk: the format of
+`encode --cache`). GET /healthz (alive), /readyz (loaded and the --declare sizes compiled), /metrics
+(Prometheus). Binding anything but loopback requires --api-key-file.
+"""
+
+
+def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter) -> argparse.ArgumentParser:
+    """Add `serve` to the CLI's subparsers; its func is `run`."""
+    p = subparsers.add_parser(
+        "serve",
+        formatter_class=formatter_class,
+        help="an HTTP embeddings service with dynamic batching, a cache and metrics",
+        description=SERVE_HELP,
+        epilog="example: qwen-vit-jax serve q3b --declare 36x36 --max-wait-ms 5 --cache ~/.cache/qvj-emb",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a key)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
+    p.add_argument(
+        "--max-batch-patches", type=int, metavar="N", help="patches per device call (default: a full bucket, 16384)"
+    )
+    p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M", help="a batch's longest wait (default 5)")
+    p.add_argument(
+        "--max-queue", type=int, default=256, metavar="ITEMS", help="items queued at most; past it 429 (default 256)"
+    )
+    p.add_argument("--cache", metavar="DIR", help="content-hash cache directory (the format of encode --cache)")
+    p.add_argument(
+        "--cache-mb", type=int, default=256, metavar="MB", help="in-memory LRU of embeddings, MiB (default 256; 0 off)"
+    )
+    p.add_argument("--api-key-file", metavar="FILE", help="bearer token clients must send (its first line)")
+    p.add_argument("--declare", metavar="SIZES", help="sizes to compile and declare before ready: 36x36,2x24x24")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="preparation worker processes (default: cores - 1, 1..8; 0: a thread)",
+    )
+    p.add_argument("--max-items", type=int, default=64, help="items per request at most (default 64; 413 past)")
+    p.add_argument("--max-body-mb", type=int, default=64, help="request body MiB at most (default 64; 413 past)")
+    p.add_argument(
+        "--max-image-pixels", type=int, default=50_000_000, help="pixels per image at most (default 50M; 413 past)"
+    )
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60; 504 past)")
+    p.add_argument(
+        "--max-connections", type=int, default=512, help="concurrent connections at most (default 512; 503 past)"
+    )
+    p.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache directory")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run)
+    return p
+
+
+def settings_from(args) -> Settings:
+    return Settings(
+        checkpoint=args.checkpoint,
+        host=args.host,
+        port=args.port,
+        dtype=args.dtype,
+        max_batch_patches=args.max_batch_patches,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        cache=args.cache,
+        cache_bytes=args.cache_mb << 20,
+        api_key_file=args.api_key_file,
+        declare=parse_declare(args.declare) if args.declare else (),
+        workers=default_workers() if args.workers is None else args.workers,
+        max_items=args.max_items,
+        max_body_bytes=args.max_body_mb << 20,
+        max_image_pixels=args.max_image_pixels,
+        request_timeout_s=args.timeout,
+        max_connections=args.max_connections,
+        compile_cache=args.compile_cache,
+    )
+
+
+def run(args) -> int:
+    """Serve until SIGTERM / Ctrl-C; every bad flag, a missing checkpoint or key file is a ValueError /
+    OSError (the CLI's `error: ...` line) before anything listens."""
+    import logging
+    import threading
+    import time
+
+    settings = settings_from(args)
+    from qwen_vit_jax.weights.sources import resolve_source
+
+    resolve_source(settings.checkpoint)  # a missing checkpoint fails here, not in the background load
+    try:
+        import uvicorn
+
+        from qwen_vit_jax.serve.app import create_app
+    except ImportError as e:
+        raise ValueError(f"serve needs the serve extra: pip install 'qwen_vit_jax[serve]' ({e})") from None
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=settings.request_timeout_s + 5,
+    )
+    server = uvicorn.Server(config)
+    service = app.state.service
+
+    def stop_if_load_fails() -> None:  # a server that can never be ready exits (the error below)
+        while not (server.should_exit or service.ready):
+            if service.error is not None:
+                server.should_exit = True
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=stop_if_load_fails, name="qvj-load-watch", daemon=True).start()
+    try:
+        server.run()
+    except KeyboardInterrupt as e:
+        # uvicorn re-raises the signal it shut down for once it has drained; the CLI turned SIGTERM
+        # into KeyboardInterrupt("signal SIGTERM"): a drained SIGTERM is a clean exit.
+        if str(e).startswith("signal SIGTERM"):
+            return 0
+        raise
+    if service.error is not None:
+        raise ValueError(f"cannot serve {settings.checkpoint}: {service.error}")
+    return 0 if server.started else 1
