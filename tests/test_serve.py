@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from conftest import make_image
 
-from qwen_vit_jax.serve.app import create_app
+from qwen_vit_jax.serve.asgi import create_app
 from qwen_vit_jax.serve.settings import Settings
 
 SIZES = [(224, 224), (112, 168)]  # 16x16 and 8x12 patches

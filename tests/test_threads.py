@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qwen_vit_jax import plan as planlib
-from qwen_vit_jax.runtime import encoder as encoder_module
+from qwen_vit_jax.runtime import program as program_module
 from qwen_vit_jax.runtime.encoder import VisionEncoder
 
 # Small buckets so that some requests split into chunks (several programs per call).
@@ -96,7 +96,7 @@ def test_four_threads_give_the_serial_results(tiny_dirs, declared):
 def test_one_bucket_requested_by_two_threads_compiles_once(tiny_dirs, monkeypatch):
     enc = VisionEncoder.from_pretrained(tiny_dirs[1])
     starts = []
-    input_specs = encoder_module.input_specs
+    input_specs = program_module.input_specs
 
     def slow_input_specs(*args):  # the first step of a compile: count it, and widen the race
         starts.append(threading.get_ident())
@@ -105,7 +105,7 @@ def test_one_bucket_requested_by_two_threads_compiles_once(tiny_dirs, monkeypatc
 
     # (JAX itself dedups concurrent traces of one function, so counting traces would not see a
     # double compile; counting our compile's first step does.)
-    monkeypatch.setattr(encoder_module, "input_specs", slow_input_specs)
+    monkeypatch.setattr(program_module, "input_specs", slow_input_specs)
     (bucket,) = enc.warmup([[[1, 12, 12]]])
     assert len(starts) == 1 and enc.compile_count == 1
     other = [[1, 30, 30]]  # another bucket: 900 rows

@@ -7,7 +7,7 @@
   batcher.py    dynamic batching: items of concurrent requests -> one encode call per batch.
   metrics.py    Prometheus metrics of one app.
   service.py    admission, lookups, in-flight dedup, cancellation: an item's way through.
-  app.py        create_app(settings): the FastAPI app (routes, limits, auth, answers).
+  asgi.py       create_app(settings): the FastAPI app (routes, limits, auth, answers).
   client.py     Client(url, api_key=None).embed(images) -> Embeddings, retrying 429 / 503.
   cli.py        `qwen-vit-jax serve CKPT` flags and run.
   ray_app.py    app(checkpoint, ...): the same app as a Ray Serve application.
@@ -23,7 +23,7 @@ import importlib
 
 _EXPORTS = {
     "Settings": "settings",
-    "create_app": "app",
+    "create_app": "asgi",
     "Client": "client",
     "ServeError": "client",
     "app": "ray_app",

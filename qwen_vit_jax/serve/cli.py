@@ -110,7 +110,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from qwen_vit_jax.serve.app import create_app
+        from qwen_vit_jax.serve.asgi import create_app
     except ImportError as e:
         raise ValueError(f"serve needs the serve extra: pip install 'qwen_vit_jax[serve]' ({e})") from None
 

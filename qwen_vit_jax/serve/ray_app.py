@@ -37,7 +37,7 @@ class _Replica:
         self._settings = settings
 
     def __serve_build_asgi_app__(self):
-        from qwen_vit_jax.serve.app import create_app
+        from qwen_vit_jax.serve.asgi import create_app
 
         return _ReadyOnStartup(create_app(self._settings))
 
