@@ -280,3 +280,18 @@ class VisionConfig:
             return cls(**families.hf_vision_fields(d))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: cannot read a Qwen vision config: {e}") from None
+
+
+def parse_sizes(text: str, flag: str) -> tuple[tuple[int, int, int], ...]:
+    """ "16x16,2x36x36" -> ((1, 16, 16), (2, 36, 36)): HxW (an image) or TxHxW (a video), in patches,
+    as a command-line flag (`flag`, named in the ValueError) gives them."""
+    sizes = []
+    for item in text.split(","):
+        try:
+            dims = [int(v) for v in item.strip().lower().split("x")]
+        except ValueError:
+            dims = []
+        if len(dims) not in (2, 3) or min(dims) <= 0:
+            raise ValueError(f"{flag}: {item.strip()!r} is not HxW or TxHxW in patches (e.g. 16x16, 2x36x36)")
+        sizes.append(tuple(dims) if len(dims) == 3 else (1, *dims))
+    return tuple(sizes)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from qwen_vit_jax.serve.settings import Settings, default_workers, parse_declare
+from qwen_vit_jax.config import parse_sizes
+from qwen_vit_jax.serve.settings import Settings, default_workers
 
 SERVE_HELP = """\
 Serve the tower over HTTP: POST /v1/embeddings takes images and videos as bytes (base64 or data:
@@ -85,7 +86,7 @@ def settings_from(args) -> Settings:
         cache=args.cache,
         cache_bytes=args.cache_mb << 20,
         api_key_file=args.api_key_file,
-        declare=parse_declare(args.declare) if args.declare else (),
+        declare=parse_sizes(args.declare, "--declare") if args.declare else (),
         workers=default_workers() if args.workers is None else args.workers,
         max_items=args.max_items,
         max_body_bytes=args.max_body_mb << 20,

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from qwen_vit_jax.serve.settings import Settings, parse_declare
+from qwen_vit_jax.config import parse_sizes
+from qwen_vit_jax.serve.settings import Settings
 
 DEPLOYMENT = "qwen_vit_jax"
 
@@ -170,7 +171,7 @@ def parse_args(args: dict[str, str]) -> dict:
         if key in numbers:
             kw[key] = _number(key, text, numbers[key])
         elif key == "declare":
-            kw[key] = parse_declare(text)
+            kw[key] = parse_sizes(text, "--declare")
         elif key in kinds:
             kw[key] = _typed(kinds[key], text)
         else:

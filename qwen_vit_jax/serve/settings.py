@@ -108,20 +108,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def parse_declare(text: str) -> tuple[tuple[int, int, int], ...]:
-    """ "36x36,2x24x24" -> ((1, 36, 36), (2, 24, 24)): HxW (an image) or TxHxW (a video), in patches."""
-    sizes = []
-    for item in text.split(","):
-        try:
-            dims = [int(v) for v in item.strip().lower().split("x")]
-        except ValueError:
-            dims = []
-        if len(dims) not in (2, 3) or min(dims) <= 0:
-            raise ValueError(f"--declare: {item.strip()!r} is not HxW or TxHxW in patches (e.g. 36x36, 2x24x24)")
-        sizes.append(tuple(dims) if len(dims) == 3 else (1, *dims))
-    return tuple(sizes)
-
-
 def default_workers() -> int:
     """One preparation worker per core left after the server process, at least one, at most 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

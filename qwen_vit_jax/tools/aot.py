@@ -236,14 +236,15 @@ def command(args) -> int:
     """`qwen-vit-jax aot` (tools/cli.py parses its arguments): compile, then print per bucket."""
     import json
 
+    from qwen_vit_jax.config import parse_sizes
     from qwen_vit_jax.presets import PRESETS
-    from qwen_vit_jax.tools.args import CommandError, parse_sizes
+    from qwen_vit_jax.tools.args import CommandError
 
     if (args.checkpoint is None) == (args.variant is None):
         raise CommandError("give a checkpoint directory or --variant PRESET (one of them)")
     if args.devices < 1:
         raise CommandError(f"--devices must be >= 1, got {args.devices}")
-    grids = [np.array([s]) for s in parse_sizes(args.sizes)]
+    grids = [np.array([s]) for s in parse_sizes(args.sizes, "--sizes")]
     jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compile targets are deviceless
     jax.config.update("jax_enable_compilation_cache", False)  # a deviceless program cannot be loaded back
     cfg = PRESETS[args.variant] if args.variant else config_of(args.checkpoint)

@@ -24,20 +24,6 @@ class CommandError(ValueError):
     """A failure to report as `error: <message>` with exit status 1."""
 
 
-def parse_sizes(text: str) -> list[tuple[int, int, int]]:
-    """ "16x16,2x36x36" -> [(1, 16, 16), (2, 36, 36)]: HxW (an image) or TxHxW (a video), in patches."""
-    sizes = []
-    for item in text.split(","):
-        try:
-            dims = [int(v) for v in item.strip().lower().split("x")]
-        except ValueError:
-            dims = []
-        if len(dims) not in (2, 3) or min(dims) <= 0:
-            raise CommandError(f"--sizes: {item.strip()!r} is not HxW or TxHxW in patches (e.g. 16x16, 2x36x36)")
-        sizes.append(tuple(dims) if len(dims) == 3 else (1, *dims))
-    return sizes
-
-
 def default_cache_dir() -> pathlib.Path:
     """The user's cache folder for this package: $QWEN_VIT_JAX_CACHE, else $XDG_CACHE_HOME/qwen_vit_jax,
     else ~/.cache/qwen_vit_jax (the demo's checkpoints, and compiled programs under jax/)."""

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from qwen_vit_jax.config import parse_sizes
 from qwen_vit_jax.files import sigterm_as_interrupt
 from qwen_vit_jax.serve import cli as serve_cli
 from qwen_vit_jax.tools import encode
@@ -49,7 +50,6 @@ from qwen_vit_jax.tools.args import (
     add_overwrite,
     compile_cache_dir,
     load_encoder,
-    parse_sizes,
 )
 
 
@@ -138,7 +138,7 @@ def cmd_verify(args) -> int:
 
 # ---- bench ----------------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
-    sizes = parse_sizes(args.sizes)
+    sizes = parse_sizes(args.sizes, "--sizes")
     if args.repeats <= 0:
         raise CommandError(f"--repeats must be positive, got {args.repeats}")
     enc = load_encoder(args.checkpoint, args.dtype, compile_cache_dir(args))
