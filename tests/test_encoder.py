@@ -12,7 +12,7 @@ from flax import nnx
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import QWEN2_5_VL
 from qwen_vit_jax.model.vit import abstract_model
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_VL_8B
 
 TINY25 = dataclasses.replace(
     QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24, fullatt_block_indexes=(1,)
@@ -220,6 +220,34 @@ def test_every_call_of_a_request_gives_the_same_bits(enc):
         assert enc.cost_report(grid)["padded_patches"] == 1280
     assert enc.compile_count == count  # no tight program appeared
     assert 1080 not in {b.patches for b in enc.compile_seconds}
+
+
+TINY3 = dataclasses.replace(
+    QWEN3_VL_8B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=24, deepstack_layers=(0,)
+)
+BATCH = [[1, 8, 8], [1, 12, 16], [1, 20, 14], [1, 16, 24], [1, 6, 10], [1, 16, 16]]
+
+
+@pytest.mark.parametrize("cfg", [TINY25, TINY2, TINY3], ids=["qwen2.5", "qwen2", "qwen3"])
+def test_batched_prepare_runs_a_batch_plan(cfg):
+    """prepare(batched=True): the grid's rows as one batch in a batch plan (one tile per block,
+    rows a power of two), each item's tokens (and deepstack features) within padding invariance of
+    its own encode; an item alone is planned as encode plans it."""
+    enc = qvj.VisionEncoder(cfg, random_params(cfg))
+    pxs = [pixels(cfg, [g], seed=i) for i, g in enumerate(BATCH)]
+    prepared = enc.prepare(np.concatenate(pxs), BATCH, batched=True)
+    (bucket,) = prepared.buckets
+    assert bucket.patches == 2048 and bucket.tiles == bucket.patches // bucket.block  # 1236 rows, a power of two
+    tokens, features = enc.run(prepared, return_deepstack=True)
+    cuts = np.cumsum([h * w // cfg.merge_unit for _, h, w in BATCH])[:-1]
+    for i, (px, g) in enumerate(zip(pxs, BATCH)):
+        want, want_f = enc.encode(px, [g], return_deepstack=True)
+        got = np.split(tokens, cuts)[i]
+        assert np.linalg.norm(got - want) <= 1e-6 * np.linalg.norm(want), i
+        for f, w in zip(features, want_f):
+            assert np.linalg.norm(np.split(f, cuts)[i] - w) <= 1e-6 * np.linalg.norm(w), i
+    assert len(features) == len(cfg.deepstack_layers)
+    assert enc.prepare(pxs[3], [BATCH[3]], batched=True).buckets == enc.prepare(pxs[3], [BATCH[3]]).buckets
 
 
 def test_declared_grid_gets_a_tight_bucket_from_its_first_call():

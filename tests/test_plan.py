@@ -19,10 +19,14 @@ from qwen_vit_jax.plan import (
     BufferPool,
     Plan,
     assembly,
+    batch_key_rows,
+    batch_rows,
     chunk_penalty,
     clear_caches,
     coarse_ladder_value,
+    frame_class,
     frame_cu_seqlens,
+    make_batch_plan,
     make_plan,
     make_plans,
     rotary_ids,
@@ -87,17 +91,22 @@ def assert_hf_exact(grid, cfg):
     np.testing.assert_array_equal(ours_wcu, wcu)
 
 
-def check_plan(plan, grid, cfg, policy):
-    """Every documented Plan invariant, derived independently of the plan kernels."""
+def check_plan(plan, grid, cfg, policy, batch=False):
+    """Every documented Plan invariant, derived independently of the plan kernels (`batch`: of a
+    make_batch_plan plan)."""
     bk = plan.bucket
     cu = hf.get_vision_cu_seqlens(torch.tensor(grid)).numpy().astype(np.int64)
     n, n_pad = int(cu[-1]), bk.patches
     b = bk.block
     nb = n_pad // b
     assert plan.n_patches == n
-    assert n_pad == policy.rung(n) and n_pad >= n and n_pad in policy.rungs(n)
     one_frame = len(cu) == 2
-    assert b == policy.block_size(n_pad, one_frame) and n_pad % b == 0 and b % 4 == 0
+    if batch:
+        assert n_pad == batch_rows(n, policy) and n_pad >= n and b == policy.block_size(n_pad)
+    else:
+        assert n_pad == policy.rung(n) and n_pad >= n and n_pad in policy.rungs(n)
+        assert b == policy.block_size(n_pad, one_frame)
+    assert n_pad % b == 0 and b % 4 == 0
     assert nb == -(-n_pad // policy.block) or (one_frame and b <= policy.frame_block)
     np.testing.assert_array_equal(plan.grid_thw, np.asarray(grid))
     arrays = jax.tree.leaves(plan)
@@ -119,7 +128,7 @@ def check_plan(plan, grid, cfg, policy):
     frames = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
     np.testing.assert_array_equal(plan.segment_ids, np.concatenate([frames, np.full(n_pad - n, -1)]))
 
-    check_tiles(tile_table(plan), cu, n, b, nb, bk)
+    check_tiles(tile_table(plan), cu, n, b, nb, bk, batch=batch)
 
     tok, ids, slot = plan.window_tokens, plan.window_ids, plan.window_slot
     if not cfg.windowed:
@@ -128,11 +137,12 @@ def check_plan(plan, grid, cfg, policy):
     check_packing(tok, ids, slot, grid, cfg, n, n_pad)
 
 
-def check_tiles(tiles, cu, n, b, nb, bk, tight=False):
+def check_tiles(tiles, cu, n, b, nb, bk, tight=False, batch=False):
     """Full-attention tiles: tile i is block i; every (block, frame with rows in it) pair is in
     exactly one tile of that block; a tile's key window (K rows from its start, inside the bucket)
     holds all rows of its frames and starts at its first frame (or as near as the bucket allows);
-    never more work (T * K) than one tile per block over the union of its frames."""
+    never more work (T * K) than one tile per block over the union of its frames; a batch plan:
+    one tile per block, K = batch_key_rows of its widest frame's class."""
     assert tiles.shape == (4, bk.tiles) and bk.tiles >= nb
     t_block, first, last, start = tiles.astype(np.int64)
     k_rows = bk.key_rows
@@ -154,6 +164,9 @@ def check_tiles(tiles, cu, n, b, nb, bk, tight=False):
         cover = [int(((first[mine] <= f) & (f <= last[mine])).sum()) for f in frames]
         assert cover == [1] * len(frames)
         assert (len(frames) > 0) == used[blk]  # a pure-padding block: an empty tile
+    if batch:
+        assert bk.tiles == nb and k_rows == batch_key_rows(bk.patches, b, frame_class(int(np.diff(cu).max())))
+        return
     in_block = [(fb0 <= blk) & (blk <= fb1) for blk in range((n - 1) // b + 1)]  # frames with rows in each block
     union = max(int(cu[1:][f].max() - cu[:-1][f].min()) for f in in_block)  # rows of a block's frames
     one_per_block = -(-union // 16) * 16 if tight else b * coarse_ladder_value(-(-union // b))
@@ -536,6 +549,58 @@ def test_image_stream_compiles_few_programs(cfg):
     pad = np.mean([p.bucket.patches / p.n_patches for p in plans])
     print(f"\n{cfg.variant}: {len(buckets)} buckets for 30 sizes, mean N_pad / N = {pad:.3f}")
     assert len(buckets) <= 12
+
+
+# ---- batch plans ----------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(
+    grids_st.filter(lambda g: sum(t * h * w for t, h, w in g) <= BucketPolicy().max_patches),
+    st.sampled_from(WINDOWED + [QWEN2_VL_2B]),
+)
+def test_batch_plan_invariants_random(grid, cfg):
+    """Any grid (images and video rows) in a batch plan: every Plan invariant, one tile per block."""
+    check_plan(make_batch_plan(grid, cfg), grid, cfg, BucketPolicy(), batch=True)
+
+
+def test_batch_plan_values():
+    policy = BucketPolicy()
+    assert [batch_rows(n, policy) for n in (1, 64, 65, 1000, 1025, 16384)] == [64, 64, 128, 1024, 2048, 16384]
+    assert batch_rows(9000, BucketPolicy(max_patches=10000)) == BucketPolicy().rung(9000)  # never past the largest
+    assert [frame_class(r) for r in (4, 64, 65, 129, 192, 193, 384, 385, 1000)] == [
+        64,
+        64,
+        128,
+        192,
+        192,
+        256,
+        384,
+        512,
+        1024,
+    ]
+    assert batch_key_rows(4096, 128, 256) == 128 + 512 and batch_key_rows(256, 128, 256) == 256
+    with pytest.raises(ValueError, match="at most max_patches"):
+        make_batch_plan([[1, 128, 130]], QWEN2_5_VL_3B)
+
+
+@pytest.mark.parametrize("cfg", [QWEN2_5_VL_3B, QWEN2_VL_2B], ids=["qwen2.5-vl-3b", "qwen2-vl-2b"])
+def test_random_batches_compile_few_programs(cfg):
+    """300 random batches of 2-32 images (the 30-size STREAM): a batch plan's bucket is a function
+    of its rows, its widest frame's class and the window variant alone, so they land in a few
+    buckets, where ladder plans of the same batches land in many (one per mix, nearly)."""
+    rng = np.random.default_rng(1)
+    buckets, ladder, keys = set(), set(), {}
+    for _ in range(300):
+        sizes = [STREAM[i] for i in rng.integers(0, len(STREAM), rng.integers(2, 33))]
+        grid = [[1, h, w] for h, w in sizes]
+        while sum(h * w for _, h, w in grid) > BucketPolicy().max_patches:
+            grid.pop()
+        plan = make_batch_plan(grid, cfg)
+        key = (plan.bucket.patches, frame_class(max(h * w for _, h, w in grid)), plan.bucket.windows)
+        assert keys.setdefault(key, plan.bucket) == plan.bucket
+        buckets.add(plan.bucket)
+        ladder |= {p.bucket for p in make_plans(grid, cfg)}
+    print(f"\n{cfg.variant}: 300 batches, {len(buckets)} batch buckets, {len(ladder)} ladder buckets")
+    assert len(buckets) <= 40 and len(ladder) >= 3 * len(buckets)
 
 
 # ---- splitting -----------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ to the device as one pytree; the jitted forward only ever sees bucket shapes. Re
                 `split_grid` (a request above the token budget cut at frame boundaries).
   contract.py   `Plan`, the form the device consumes (a registered pytree; the bucket is its
                 static metadata), and `Patches`, the pixels as uint8 with their lookup table.
-  assembly.py   `make_plan` / `make_plans`: validation, caching, the buffer pool.
+  assembly.py   `make_plan` / `make_plans`: validation, caching, the buffer pool; `make_batch_plan`
+                for a service's batches (a bounded set of shapes).
   choice.py     `BucketChoice`: which buckets a request runs in (the ladder, declared sizes,
                 tight_after); the vocabulary of buckets, explained once.
 
@@ -26,12 +27,15 @@ frames, with the key window of their frames' rows), window attention gathers row
 windows packed by best-fit decreasing, told apart by window id) and scatters them back.
 """
 
-from .assembly import BufferPool, clear_caches, make_plan, make_plans, raster_to_merge_order
+from .assembly import BufferPool, clear_caches, make_batch_plan, make_plan, make_plans, raster_to_merge_order
 from .buckets import (
     Bucket,
     BucketPolicy,
+    batch_key_rows,
+    batch_rows,
     chunk_penalty,
     coarse_ladder_value,
+    frame_class,
     split_grid,
     typical_windows,
     worst_windows,
@@ -58,8 +62,12 @@ __all__ = [
     "Plan",
     "chunk_penalty",
     "clear_caches",
+    "batch_key_rows",
+    "batch_rows",
     "coarse_ladder_value",
+    "frame_class",
     "frame_cu_seqlens",
+    "make_batch_plan",
     "make_plan",
     "make_plans",
     "raster_to_merge_order",

@@ -18,7 +18,16 @@ import numpy as np
 
 from ..config import VisionConfig
 from . import kernels, posembed
-from .buckets import Bucket, BucketPolicy, split, typical_windows, worst_windows
+from .buckets import (
+    Bucket,
+    BucketPolicy,
+    batch_key_rows,
+    batch_rows,
+    frame_class,
+    split,
+    typical_windows,
+    worst_windows,
+)
 from .contract import Plan
 from .grid import as_grid
 
@@ -128,14 +137,39 @@ def _cached_plans(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> tuple
     return tuple(plans)
 
 
+def make_batch_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
+    """The plan of a batch of independent items (a service's batch) in a bounded set of shapes.
+
+    A ladder plan's K and T follow the mix of frame sizes, so batches of random mixes compile
+    program after program. Here the bucket is a function of the padded rows (`batch_rows`: a power
+    of two; blocks of `policy.block` rows), the frame class of the widest frame (`frame_class`)
+    and the window variant (W_pad typical or worst) alone: K = `batch_key_rows`, wide enough that
+    each block's frames fit one key window, so T = N_pad / B. Results agree with any other
+    bucket's within padding invariance. Not cached (a batch's grid rarely recurs); never split:
+    N <= max_patches.
+    """
+    policy = policy or BucketPolicy()
+    key = as_grid(grid_thw, cfg).key
+    n_pad = batch_rows(sum(t * h * w for t, h, w in key), policy)
+    block = policy.block_size(n_pad)
+    widest = max(h * w for _, h, w in key)
+    return build_plan(key, cfg, policy, n_pad, block, batch_key_rows(n_pad, block, frame_class(widest)))
+
+
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
 def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
-    """Build one plan: the bucket's rows and block from the policy, everything else in one numba
-    call (kernels.build_plan)."""
-    g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
+    """One plan: the bucket's rows and block from the policy (build_plan does the rest)."""
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
     n_pad = policy.padded_rows(n, n_frames == 1)
-    block = policy.block_size(n_pad, n_frames == 1)
+    return build_plan(grid, cfg, policy, n_pad, policy.block_size(n_pad, n_frames == 1))
+
+
+def build_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy, n_pad: int, block: int, key_rows: int = 0) -> Plan:
+    """The plan of a grid (a tuple of (t, h, w) rows) in a bucket of n_pad rows cut into blocks of
+    `block`: everything else in one numba call (kernels.build_plan), K and T chosen there unless
+    key_rows > 0 fixes K."""
+    g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
+    n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches
     window = cfg.window_merge if cfg.windowed else 0  # Qwen2-VL, or Qwen2.5-VL without window layers
@@ -143,7 +177,7 @@ def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
     # tiles are fewer than its frames, a frame of r rows is in at most r / B + 2 blocks)
     out = POOL.take(4 * n_pad + 2 * w_worst * s + 4 * (n_pad // block + 4 * n_frames))
     buf, w_pad, key_rows, n_tiles = kernels.build_plan(
-        g, cfg.spatial_merge_size, window, s, n_pad, block, policy.tight_for(n), w_typical, w_worst, out
+        g, cfg.spatial_merge_size, window, s, n_pad, block, policy.tight_for(n), w_typical, w_worst, key_rows, out
     )
     buf.setflags(write=False)  # before slicing: the views inherit it
     pos_end, seg_end, slot_end, tiles_end, tokens_end, size = kernels.buffer_layout.py_func(n_pad, n_tiles, w_pad, s)

@@ -178,6 +178,35 @@ def coarse_ladder_value(n: int) -> int:
     return int(kernels.coarse(int(n)))
 
 
+# ---- batch shapes -------------------------------------------------------------------------------
+FRAME_CLASS_UNIT = 64  # rows: frame classes are this times 1, 2, 3, 4, 6, 8, 12, ... (coarse_ladder_value)
+
+
+def batch_rows(n: int, policy: BucketPolicy) -> int:
+    """N_pad of a batch plan of n real rows: the least power of two >= n, at least min_patches
+    (the ladder's rung where that would pass max_patches). Coarser than the ladder on purpose: a batch's rows are the
+    caller's choice (a service cuts its batches to fill a rung under load, and pads when idle),
+    so fewer rungs mean fewer programs at little cost in padding."""
+    if n > policy.max_patches:
+        raise ValueError(f"a batch plan holds at most max_patches = {policy.max_patches} rows, got {n}")
+    rows = max(1 << max(n - 1, 1).bit_length(), policy.min_patches)
+    return rows if rows <= policy.max_patches else policy.rung(n)  # never past the largest program
+
+
+def frame_class(rows: int) -> int:
+    """The frame class of a frame of `rows` rows: the least of 64 * (1, 2, 3, 4, 6, 8, 12, ...) >= rows.
+    A batch plan's key window follows the class of its widest frame, not the frame itself."""
+    return FRAME_CLASS_UNIT * coarse_ladder_value(-(-rows // FRAME_CLASS_UNIT))
+
+
+def batch_key_rows(n_pad: int, block: int, frame_rows: int) -> int:
+    """K of a batch plan whose frames have at most `frame_rows` rows: the frames that share a block
+    of `block` rows span at most block + 2 * (frame_rows - 1) rows (the first may start frame_rows
+    - 1 rows before the block, the last end frame_rows - 1 rows after it), so one key window of
+    this many rows holds them all and every block is one tile. At most n_pad."""
+    return min(n_pad, int(kernels.align_up(block + 2 * frame_rows, kernels.KEY_ALIGN)))
+
+
 # ---- window slots -----------------------------------------------------------------------------
 # The W windows of a plan (each <= S = window_patches rows, a multiple of the merge unit mu) are
 # packed by best-fit decreasing into W_pad slots of S rows. A single image tiled into 64-row windows

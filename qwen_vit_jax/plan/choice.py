@@ -12,6 +12,10 @@ The words, here once:
                  later request of exactly that grid runs in its tight buckets.
   recurring chunk  chunks of one request with the same frames (the equal chunks of a long video)
                  run in their tight bucket: a function of the request alone.
+  batch plan     a request whose grid rows are independent items packed together (a service's
+                 batch) may run in `batch_plans`: a bucket that depends on the rung and on the
+                 class of its widest frame, not on the mix of sizes (assembly.make_batch_plan),
+                 so random batches compile a bounded number of programs.
   tight_after    opt-in: a grid requested n times switches by itself to its tight buckets (at most
                  max_tight_buckets of them); its later results then differ from its first ones in
                  the last bits (float32: ~1e-6 relative, padding invariance).
@@ -30,7 +34,7 @@ import threading
 import numpy as np
 
 from ..config import VisionConfig
-from .assembly import make_plan, make_plans
+from .assembly import make_batch_plan, make_plan, make_plans
 from .buckets import Bucket, BucketPolicy
 from .contract import Plan
 from .grid import Grid, as_grid
@@ -109,6 +113,15 @@ class BucketChoice:
             else p
             for p, k in zip(plans, keys)
         ]
+
+    def batch_plans(self, grid_thw) -> list[Plan]:
+        """The plans of a batch whose grid rows are independent items: one batch plan
+        (`make_batch_plan`) when it holds several items within max_patches rows and is not a
+        declared size, else `plans(grid)` (so an item alone runs as it would in `encode`)."""
+        grid = as_grid(grid_thw, self.cfg)
+        if len(grid.key) == 1 or grid.patches > self.policy.max_patches or self.is_declared(grid):
+            return self.plans(grid)
+        return [make_batch_plan(grid, self.cfg, self.policy)]
 
     def count(self, grid_thw) -> None:
         """One more encode of this grid (for tight_after; nothing without it)."""

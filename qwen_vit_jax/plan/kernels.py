@@ -379,14 +379,15 @@ def buffer_layout(n_pad, n_tiles, w_pad, slot_rows):
 
 
 @numba.njit(cache=True)
-def build_plan(grid, merge, window, slot_rows, n_pad, block, tight, w_typical, w_worst, out):
+def build_plan(grid, merge, window, slot_rows, n_pad, block, tight, w_typical, w_worst, key_rows, out):
     """Every int32 array of one plan, in one buffer laid out by buffer_layout; returns
     (buffer, W_pad, K, T).
 
     grid: int64 [k, 3] (N real rows); window: side in merge units (0: no window attention,
     W_pad = 0); slot_rows: S; n_pad, block: the bucket's rows and block size; w_typical / w_worst:
     typical_windows / worst_windows of n_pad. W_pad is w_typical whenever the packing fits it, else
-    w_worst (always enough). K and T: choose_tiles (`tight`: the bucket is the grid's own). The
+    w_worst (always enough). K and T: choose_tiles (`tight`: the bucket is the grid's own), or with
+    key_rows > 0 that K (>= the widest frame) and T = n_blocks + the extra tiles it needs. The
     buffer is the front of `out` when that is large enough (a recycled block of the plan buffer
     pool, whose pages are already mapped), else a new array. One buffer, not six arrays: numba
     returns (boxes) one array instead of six, which is most of an image's plan time.
@@ -394,7 +395,12 @@ def build_plan(grid, merge, window, slot_rows, n_pad, block, tight, w_typical, w
     n_blocks = n_pad // block
     starts = frame_starts(grid)
     first_block, last_block = frame_blocks(starts, block)
-    key_rows, n_tiles = choose_tiles(starts, first_block, last_block, n_blocks, block, n_pad, tight)
+    if key_rows > 0:
+        n_tiles = n_blocks + group_tiles(
+            starts, first_block, last_block, n_blocks, n_pad, key_rows, np.empty((4, 0), np.int32)
+        )
+    else:
+        key_rows, n_tiles = choose_tiles(starts, first_block, last_block, n_blocks, block, n_pad, tight)
     windows = window_table(grid, merge, window) if window > 0 else np.empty((0, 6), np.int64)
     win_slot = np.empty(windows.shape[0], np.int64)
     n_slots = w_pad = 0

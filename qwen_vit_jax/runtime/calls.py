@@ -56,14 +56,20 @@ class Prepared:
 
 
 def prepare(
-    programs: Programs, choice: planlib.BucketChoice, pixel_values, grid_thw, check_finite: bool = True
+    programs: Programs,
+    choice: planlib.BucketChoice,
+    pixel_values,
+    grid_thw,
+    check_finite: bool = True,
+    batched: bool = False,
 ) -> Prepared:
-    """Plan a request (one device: `choice.plans`; a mesh: `devices.plan_steps` with choice's policy),
-    check its pixels once (runtime/pixels.py) and pad them to every call's bucket."""
+    """Plan a request (one device: `choice.plans`, or `choice.batch_plans` when `batched`; a mesh:
+    `devices.plan_steps` with choice's policy), check its pixels once (runtime/pixels.py) and pad
+    them to every call's bucket."""
     grid = planlib.as_grid(grid_thw, programs.cfg)  # validated once: every step below takes the Grid
     dtype = dtype_named(programs.dtype)
     if programs.mesh is None:
-        plans = choice.plans(grid)
+        plans = choice.batch_plans(grid) if batched else choice.plans(grid)
         px = checked_pixels(pixel_values, grid, programs.cfg, check_finite)
         return Prepared(grid=grid, calls=[(p.pad_rows(px, dtype), p) for p in plans], frames=_frames(px))
     steps = devlib.plan_steps(grid, programs.cfg, choice.policy, len(programs.devices))

@@ -8,14 +8,20 @@ device thread of its own.
 
 The models are HF's text-embeddings-inference router (a queue, a max wait, batches cut by a token
 budget) and infinity's batch queue; ours cuts by patches. A batch is the oldest waiting item plus
-the later items of the same pixel form (same Patches table and frames per row) that fit the patch
-budget, in arrival order. It leaves when the budget is full (the next item of its form would not
-fit) or when its oldest item has waited `max_wait_s`; items that arrived while the previous batch
-ran have waited already, so under load batches leave back to back and the device never idles
-while items wait. The batch is ONE `enc.encode` call on the concatenated patches: the encoder packs
-it into its buckets exactly as it packs any request, so an item's embedding is what
-`encode_images` gives within padding invariance, and bit for bit what it gives alone when it runs
-alone (the same grid, the same buckets). An item larger than the budget runs alone.
+the later items, in arrival order, of the same pixel form (same Patches table and frames per row)
+that fit the patch budget and whose widest frames are of the head's frame class or up to 4x
+smaller (plan.frame_class: the key window of a batch plan follows its largest frames, which much
+smaller ones would pay for). It leaves when the budget is full (the next such item would not fit)
+or when its oldest item has waited `max_wait_s`; items that arrived while the previous batch ran
+have waited already, so under load batches leave back to back and the device never idles while
+items wait. Under a backlog a batch that would fill less than 3/4 of its batch plan's rows (a
+power of two) is cut to fill the rung below; the rest leaves next. When idle it is padded.
+
+A batch is one `enc.prepare(..., batched=True)` + `enc.run`: several items run in a batch plan,
+whose bucket follows the rung and the frame class, not the mix of sizes, so random batches compile
+a bounded number of programs (plan/choice.py); an item's embedding is what `encode_images` gives
+within padding invariance. An item alone runs as `encode` runs it: bit for bit what it gives
+alone (its declared size's tight buckets too). An item larger than the budget runs alone.
 
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
@@ -31,8 +37,10 @@ import time
 
 import numpy as np
 
-from qwen_vit_jax.plan.contract import Patches
+from qwen_vit_jax.plan import Patches, batch_rows, frame_class
 from qwen_vit_jax.serve.cache import Result
+
+FILL = 0.75  # under a backlog a batch that would fill less of its rows is cut to the rung below
 
 
 @dataclasses.dataclass(eq=False)
@@ -47,6 +55,11 @@ class Job:
     waited: float = 0.0  # seconds it queued before this (for a worker): the queue stage counts both
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def frame_class(self) -> int:
+        """plan.frame_class of its widest frame: a batch plan's key window follows its largest one."""
+        return frame_class(int((self.grid[:, 1] * self.grid[:, 2]).max()))
 
     @property
     def form(self) -> tuple:
@@ -102,9 +115,9 @@ class Batcher:
     def _take(self) -> tuple[list[Job], bool]:
         """The batch the oldest job would leave in now, and whether it is full."""
         head = self._pending[0]
-        form, batch, total = head.form, [], 0
+        form, top, batch, total = head.form, head.frame_class, [], 0
         for job in self._pending:
-            if job.form != form:
+            if job.form != form or not top <= 4 * job.frame_class <= 4 * top:
                 continue
             n = len(job.patches)
             if batch and total + n > self.budget:
@@ -112,6 +125,19 @@ class Batcher:
             batch.append(job)
             total += n
         return batch, total >= self.budget
+
+    def _fill(self, batch: list[Job]) -> list[Job]:
+        """The batch, or its longest prefix that fits half its batch plan's rows when it would
+        fill less than FILL of them (the rest leaves in the next batch)."""
+        sizes = [len(j.patches) for j in batch]
+        total = sum(sizes)
+        if len(batch) < 3 or total > self.enc.policy.max_patches:
+            return batch
+        rows = batch_rows(total, self.enc.policy)
+        if total >= FILL * rows:
+            return batch
+        k = int(np.searchsorted(np.cumsum(sizes), rows // 2, side="right"))
+        return batch[:k] if k >= 2 else batch
 
     def _next_batch(self) -> list[Job] | None:
         with self._cond:
@@ -124,6 +150,8 @@ class Batcher:
                 batch, full = self._take()
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
+                    if len(self._pending) > len(batch):  # a backlog: fill a rung rather than pad one
+                        batch = self._fill(batch)
                     for job in batch:
                         self._pending.remove(job)
                     return batch
@@ -165,9 +193,13 @@ class Batcher:
         patches = Patches.concatenate([j.patches for j in batch])  # [sum N, S, p, p, C]
         deepstack = any(j.deepstack for j in batch)
         t0 = time.perf_counter()
-        # The buckets this call runs in (compiled now if new: the call would compile them anyway).
-        buckets = enc.warmup([grid], uint8=True)
-        out = enc.encode(patches, grid, return_deepstack=deepstack)
+        # A batch plan (several items): its bucket follows the rung and the widest frame's class,
+        # not the mix of sizes, so random batches compile few programs; one item runs as in encode.
+        prepared = enc.prepare(patches, grid, batched=True)
+        buckets = prepared.buckets
+        for b in buckets:  # compiled now if new (the call would compile it anyway)
+            enc.programs.get(b, prepared.frames)
+        out = enc.run(prepared, deepstack)
         tokens, features = out if deepstack else (out, None)
         self.batches += 1
         if m is not None:
