@@ -316,6 +316,21 @@ def test_full_queue_gets_429_with_retry_after(tiny_dirs, tiny_encoder, pngs):
     assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1 and busy == 1
 
 
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"keep_alive_s": 0}, "keep_alive_s"),
+        ({"request_timeout_s": -1}, "request_timeout_s"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"max_batch_patches": 0}, "max_batch_patches"),
+        ({"declare": ((1, 0, 4),)}, "declare"),
+    ],
+)
+def test_settings_reject_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Settings(checkpoint="x", **kw)
+
+
 def test_api_key(tiny_dirs, tiny_encoder, pngs, tmp_path):
     key = tmp_path / "key"
     key.write_text("s3cret\n")
@@ -476,6 +491,37 @@ def test_real_http_deepstack_and_client_retries(qwen3_dirs, images):
         want = [enc.encode_images([im])[0] for im in others]
         assert all(rel_err(g, w) <= 1e-6 for g, w in zip(got, want))
         assert app.state.metrics.registry.get_sample_value("qvj_requests_total", {"status": "429"}) >= 1
+
+
+def test_client_resends_after_a_lost_connection_not_after_a_timeout():
+    """A connection lost before the answer (a reused keep-alive connection the server closed) is
+    sent again; a timeout is raised, not resent."""
+    import qwen_vit_jax as qvj
+
+    emb, calls = np.arange(6, dtype="<f4").reshape(2, 3), []
+    item = {"embedding": b64(emb.tobytes()), "shape": [2, 3], "grid_thw": [1, 4, 2], "timestamps": None}
+    answer = {"data": [{**item, "sha256": "0" * 64, "cached": False}]}
+
+    def flaky(request):
+        calls.append(request)
+        if len(calls) == 1:
+            raise httpx.ReadError("connection reset by peer", request=request)
+        if len(calls) == 2:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(200, json=answer)
+
+    with qvj.serve.Client("http://test", backoff=0.01, transport=httpx.MockTransport(flaky)) as client:
+        np.testing.assert_array_equal(client.embed([b"bytes"])[0], emb)
+    assert len(calls) == 3 and calls[0].content == calls[2].content
+
+    def slow(request):
+        calls.append(request)
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    with qvj.serve.Client("http://test", backoff=0.01, transport=httpx.MockTransport(slow)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.embed([b"bytes"])
+    assert len(calls) == 4
 
 
 def test_cli_serves_and_drains_on_sigterm(tiny_dirs, pngs):

@@ -68,6 +68,13 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--max-connections", type=int, default=512, help="concurrent connections at most (default 512; 503 past)"
     )
+    p.add_argument(
+        "--keep-alive",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="idle connections close after S seconds (default 30)",
+    )
     p.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache directory")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
@@ -93,6 +100,7 @@ def settings_from(args) -> Settings:
         max_image_pixels=args.max_image_pixels,
         request_timeout_s=args.timeout,
         max_connections=args.max_connections,
+        keep_alive_s=args.keep_alive,
         compile_cache=args.compile_cache,
     )
 
@@ -123,6 +131,7 @@ def run(args) -> int:
         port=settings.port,
         log_level=args.log_level,
         limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=settings.request_timeout_s + 5,
     )
     server = uvicorn.Server(config)

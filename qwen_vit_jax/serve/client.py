@@ -9,8 +9,10 @@ Inputs are sent as bytes (base64 in JSON, embeddings back as base64 little-endia
 image or video files' bytes, local paths (read here, on the client: the server never opens a path;
 a video by its suffix), PIL images and HxWx3 uint8 arrays (sent as PNG, lossless). A 429 (queue
 full) or 503 (loading, a worker lost) is retried after the server's Retry-After, else with
-exponential back-off, up to `retries` times; other errors raise `ServeError` with the server's
-message (naming the item).
+exponential back-off, up to `retries` times, and so is a connection refused or lost before the
+answer (an embeddings request is idempotent: the server's cache and in-flight dedup make a resend
+cheap); a timeout is not retried. Other errors raise `ServeError` with the server's message
+(naming the item).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Client:
       url: the server's base URL, e.g. "http://127.0.0.1:8000".
       api_key: the bearer token (when the server has --api-key-file).
       timeout: seconds per HTTP request.
-      retries: how many times a 429 / 503 (or a refused connection) is retried.
+      retries: how many times a 429 / 503, or a connection refused or lost, is retried.
       backoff: the first wait in seconds when the server gives no Retry-After; doubled each time.
       transport: an httpx transport (tests: httpx.ASGITransport is async-only, so a real server).
     """
@@ -131,7 +133,7 @@ class Client:
         for attempt in range(self.retries + 1):
             try:
                 r = self._http.post("/v1/embeddings", json=body)
-            except httpx.ConnectError:
+            except (httpx.NetworkError, httpx.RemoteProtocolError):  # refused, or lost before the answer
                 if attempt == self.retries:
                     raise
                 time.sleep(wait)

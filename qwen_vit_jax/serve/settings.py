@@ -37,6 +37,8 @@ class Settings:
     max_body_bytes, max_items, max_image_pixels: request limits (413 past them).
     request_timeout_s: a request still unanswered after this gets 504, its queued items dropped.
     max_connections: uvicorn's concurrency limit (503 past it): bounds the bodies read at once.
+    keep_alive_s: an idle connection is closed after this. Longer than clients keep idle
+      connections (httpx: 5 s), so a client never sends on a connection the server is closing.
     compile_cache: JAX's persistent compilation cache directory, or None.
     """
 
@@ -57,6 +59,7 @@ class Settings:
     max_image_pixels: int = 50_000_000
     request_timeout_s: float = 60.0
     max_connections: int = 512
+    keep_alive_s: float = 30.0
     compile_cache: str | None = None
 
     def __post_init__(self):
@@ -71,6 +74,8 @@ class Settings:
             raise ValueError(f"max_batch_patches must be a positive int or None, got {self.max_batch_patches!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
+        if not self.keep_alive_s > 0:
+            raise ValueError(f"keep_alive_s must be > 0, got {self.keep_alive_s!r}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
