@@ -5,7 +5,8 @@
     python benchmarks/bench_serve.py --quick              # fewer requests, shorter phases (~2 min)
     python benchmarks/bench_serve.py --model 3b --quick   # the real Qwen2.5-VL-3B tower (random weights)
 
-Inputs: JPEGs (quality 90, a gradient plus noise, each its own seed) whose sizes cycle through SIDES
+Inputs: one JPEG per request, answered in base64 as qvj.serve.Client asks (`request`); JPEGs
+(quality 90, a gradient plus noise, each its own seed) whose sizes cycle through SIDES
 (px, multiples of 28: 5 grids of 64..192 patches), every phase on images of its own, so no phase
 hits the cache unless it means to. Server: `qwen-vit-jax serve CKPT --workers W --max-queue Q` (the
 other flags their defaults), with JAX's persistent compilation cache shared with the offline runs
@@ -66,6 +67,12 @@ COMPILED = re.compile(r"program\(s\) compiled in ([\d.]+) s")
 # seeds of each phase's images: disjoint ranges
 TIMEOUT = 120.0  # s, the clients' limit: past the server's own (--timeout 60, a 504), so no answer is cut off
 SEEDS = {"warmup": 0, "saturation": 100_000, "latency": 200_000, "cache": 300_000, "overload": 400_000, "kill": 500_000}
+
+
+def request(image: bytes) -> bytes:
+    """One image's request body, answered in base64 float32 as qvj.serve.Client asks (float lists
+    are OpenAI's default: exact too, but ~2x the bytes and a JSON parse per float on the client)."""
+    return st.body([image], encoding_format="base64")
 
 
 def checkpoint_worker(p: dict) -> dict:
@@ -173,12 +180,6 @@ def answered(results) -> dict:
     }
 
 
-def programs() -> int:
-    """Programs in the persistent compilation cache: what a phase adds, it compiled."""
-    cache = WORK / "jax_cache"
-    return sum(1 for p in cache.iterdir() if p.name.endswith("-cache")) if cache.is_dir() else 0
-
-
 async def kill_phase(server: st.Server, bodies: list[bytes], concurrency: int) -> dict:
     """Closed-loop load; a worker killed 1 s in. Every request answered; recovery time."""
     killed = {}
@@ -221,20 +222,21 @@ def run(args) -> dict:
         out["warmup"] = []
         for k in range(args.warmup_rounds):  # the batches' programs: compiled, or loaded from the cache
             part = warm[k * args.warmup : (k + 1) * args.warmup]
-            results, wall = asyncio.run(st.closed_loop(server.url, [st.body([b]) for b in part], c, timeout=TIMEOUT))
+            results, wall = asyncio.run(st.closed_loop(server.url, [request(b) for b in part], c, timeout=TIMEOUT))
             out["warmup"].append({**answered(results), "seconds": wall, "images_per_s": len(part) / wall})
             log(f"warm-up round {k + 1}: {len(part) / wall:.2f} images/s")
 
-        m0, p0 = st.metrics(server.url), programs()
-        results, wall = asyncio.run(st.closed_loop(server.url, [st.body([b]) for b in sat], c, timeout=TIMEOUT))
-        m1, p1 = st.metrics(server.url), programs()
+        m0 = st.metrics(server.url)
+        results, wall = asyncio.run(st.closed_loop(server.url, [request(b) for b in sat], c, timeout=TIMEOUT))
+        m1 = st.metrics(server.url)
         ok = sum(r.items for r in results if r.status == 200)
         rate = ok / wall
         out["saturation"] = {
             **answered(results),
             "seconds": wall,
             "images_per_s": rate,
-            "programs_compiled": p1 - p0,
+            "programs_compiled": int(delta(m1, m0, "qvj_programs")),  # or loaded from the persistent cache
+            "compile_s": delta(m1, m0, "qvj_compile_seconds"),
             "device_s": delta(m1, m0, "qvj_stage_seconds_sum{stage=device}"),
             **batch_stats(m1, m0),
         }
@@ -242,7 +244,7 @@ def run(args) -> dict:
         log(f"saturation: {rate:.2f} images/s ({out['saturation']['vs_offline']:.2f}x offline)")
 
         k = max(int(0.5 * rate * args.seconds), 10)
-        lat_bodies = [st.body([b]) for b in images("latency", k)]
+        lat_bodies = [request(b) for b in images("latency", k)]
         results, wall = asyncio.run(st.open_loop(server.url, lat_bodies, 0.5 * rate, seed=1, timeout=TIMEOUT))
         ok_s = [r.seconds for r in results if r.status == 200]
         out["latency"] = {
@@ -256,7 +258,7 @@ def run(args) -> dict:
 
         m0 = st.metrics(server.url)
         replay = [b for pair in zip(sat[: n // 2], cache_new) for b in pair]  # seen, new, seen, new, ...
-        results, wall = asyncio.run(st.closed_loop(server.url, [st.body([b]) for b in replay], c, timeout=TIMEOUT))
+        results, wall = asyncio.run(st.closed_loop(server.url, [request(b) for b in replay], c, timeout=TIMEOUT))
         m1 = st.metrics(server.url)
         items = sum(r.items for r in results)
         out["cache"] = {
@@ -272,7 +274,7 @@ def run(args) -> dict:
         # compiles that later batches do not), long enough for the backlog to pass --max-queue twice
         capacity = max(rate, off["images_per_s"])
         k = max(int(2 * capacity * max(args.seconds, 2 * args.max_queue / capacity)), 20)
-        over_bodies = [st.body([b]) for b in images("overload", k)]
+        over_bodies = [request(b) for b in images("overload", k)]
         base = server.rss_mb()
         with RssSampler(server) as rss:
             results, wall = asyncio.run(
@@ -306,7 +308,7 @@ def run(args) -> dict:
         log(f"fuzz: {fs}, alive {out['fuzz']['alive']}")
 
         m0 = st.metrics(server.url)
-        out["kill"] = asyncio.run(kill_phase(server, [st.body([b]) for b in kill], c))
+        out["kill"] = asyncio.run(kill_phase(server, [request(b) for b in kill], c))
         m1 = st.metrics(server.url)
         out["kill"]["replaced"] = delta(m1, m0, "qvj_workers_replaced_total")
         log(f"kill: {out['kill']['statuses']}, recovery {out['kill']['recovery_s']:.2f} s")
@@ -341,7 +343,7 @@ def table(r: dict) -> str:
             "batch fill, items per device call",
             f"{s['batch_fill']:.2f}, {s['items_per_call']:.1f}",
             f"{s['device_calls']:.0f} calls in {s['device_s']:.0f} s, padding {s['padding']:.2f}, "
-            f"{s['programs_compiled']} programs compiled",
+            f"{s['programs_compiled']} programs compiled or loaded ({s['compile_s']:.1f} s)",
         ],
         [
             "latency at 50% load, p50 / p99",

@@ -81,6 +81,17 @@ def settings_for(ckpt, **kw) -> Settings:
     return Settings(checkpoint=str(ckpt), workers=kw.pop("workers", 0), **kw)
 
 
+def compile_batch_shape(enc, ims) -> None:
+    """Compile the program of a batch of these images (Batcher runs a batch's head alone while its
+    shape compiles, so a test that counts batches compiles it first)."""
+    from qwen_vit_jax.preprocess.images import image_preprocessor
+
+    prep = image_preprocessor(enc.cfg.variant)
+    grid = np.concatenate([prep([im], config=enc.preprocess, uint8=True)[1] for im in ims])
+    for plan in enc.bucket_choice.batch_plans(grid):
+        enc.programs.get(plan.bucket, 1)
+
+
 def metric(app, name: str, **labels) -> float:
     value = app.state.metrics.registry.get_sample_value(name, labels or None)
     return 0.0 if value is None else value
@@ -181,6 +192,7 @@ def test_concurrent_requests_share_one_batch(tiny_dirs, tiny_encoder, images, pn
             rs = await asyncio.gather(*[c.post("/v1/embeddings", json=body(x)) for x in raws])
             return rs, app.state.service.batcher.batches, metric(app, "qvj_batch_items_sum")
 
+    compile_batch_shape(tiny_encoder, ims)  # else the batch's head runs alone while it compiles
     rs, batches, items = asyncio.run(go())
     assert (batches, items) == (1, 4)
     for r, w in zip(rs, want):
@@ -212,6 +224,8 @@ def test_a_backlog_leaves_in_batches_that_fill_their_rows(tiny_encoder):
     ims = [make_image(168, 224, seed=40 + i) for i in range(12)]
     prep = image_preprocessor(enc.cfg.variant)
     items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
+    compile_batch_shape(enc, ims[:5])
+    compile_batch_shape(enc, ims[:2])
     b = Batcher(enc, budget=1300, max_wait_s=60.0, metrics=m)  # batches leave full, or on close
     jobs = [b.submit(Job(px, grid, np.zeros(0))) for px, grid in items]
     for job in jobs[:10]:
@@ -221,6 +235,36 @@ def test_a_backlog_leaves_in_batches_that_fill_their_rows(tiny_encoder):
     assert sizes == (12, 3) and m.registry.get_sample_value("qvj_batch_items_bucket", {"le": "4.0"}) == 1
     for job, want in zip(jobs, enc.encode_images(ims)):
         assert rel_err(job.future.result().embedding, want) <= 1e-6
+
+
+def test_a_new_batch_shape_compiles_off_the_device_thread(tiny_encoder):
+    """Three items of a batch shape never compiled: the head runs alone (the device does not wait)
+    while the compile thread compiles the shape; three more of the same sizes then share one call."""
+    from qwen_vit_jax.preprocess.images import image_preprocessor
+    from qwen_vit_jax.serve.batcher import Batcher, Job
+    from qwen_vit_jax.serve.metrics import Metrics
+
+    enc, m = tiny_encoder, Metrics()
+    prep = image_preprocessor(enc.cfg.variant)
+    ims = [make_image(392, 280 + 28 * (i % 3), seed=60 + i) for i in range(6)]  # 28 x 20..24 patches: one class
+    items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
+    (plan,) = enc.bucket_choice.batch_plans(np.concatenate([g for _, g in items[:3]]))
+    assert not enc.programs.ready(plan.bucket, 1)
+    b = Batcher(enc, budget=16384, max_wait_s=0.2, metrics=m)
+    first = [b.submit(Job(px, g, np.zeros(0))) for px, g in items[:3]]
+    for job in first:
+        job.future.result(timeout=300)
+    assert m.registry.get_sample_value("qvj_batch_items_bucket", {"le": "1.0"}) >= 1  # the head, alone
+    deadline = time.monotonic() + 300
+    while not enc.programs.ready(plan.bucket, 1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    calls = m.registry.get_sample_value("qvj_batch_items_count")
+    later = [b.submit(Job(px, g, np.zeros(0))) for px, g in items[3:]]
+    for job, want in zip(first + later, enc.encode_images(ims)):
+        assert rel_err(job.future.result(timeout=300).embedding, want) <= 1e-6
+    b.close()
+    assert m.registry.get_sample_value("qvj_batch_items_count") == calls + 1
 
 
 def test_cache_hits_and_in_flight_dedup(tiny_dirs, tiny_encoder, pngs, tmp_path):

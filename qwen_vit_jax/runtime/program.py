@@ -140,6 +140,10 @@ class Programs:
         """Shapes of one bucket's inputs on one device (`input_specs`)."""
         return input_specs(self.cfg, bucket, self.dtype, frames)
 
+    def ready(self, bucket: planlib.Bucket, frames: int | None = None) -> bool:
+        """Whether `get(bucket, frames)` returns at once (its program is compiled)."""
+        return (bucket, frames) in self._compiled
+
     def get(self, bucket: planlib.Bucket, frames: int | None = None) -> jax.stages.Compiled:
         """The compiled program of `bucket` for float pixel rows (frames None) or for `Patches` of
         `frames` frames per row; called as program(state, pixels, plan) -> (tokens, features)."""

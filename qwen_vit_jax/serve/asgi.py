@@ -36,6 +36,7 @@ import os
 import tempfile
 import time
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
@@ -286,11 +287,12 @@ def _busy(e: Busy) -> JSONResponse:
 
 
 def _encode_array(a, fmt: str):
-    """float32 [tokens, D] -> nested float lists, or base64 of its little-endian float32 bytes."""
+    """float32 [tokens, D] -> itself (orjson writes it as nested float lists, each float32's shortest
+    exact text), or base64 of its little-endian float32 bytes."""
     import numpy as np
 
     a = np.ascontiguousarray(a, "<f4")
-    return base64.b64encode(a.tobytes()).decode() if fmt == "base64" else a.tolist()
+    return base64.b64encode(a.tobytes()).decode() if fmt == "base64" else a
 
 
 def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
@@ -313,7 +315,9 @@ def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
             row["deepstack"] = [_encode_array(f, fmt) for f in r.deepstack or []]
         data.append(row)
         tokens += len(r.embedding)
-    return json.dumps({"object": "list", "data": data, "usage": {"tokens": tokens}}, allow_nan=False).encode()
+    return orjson.dumps(
+        {"object": "list", "data": data, "usage": {"tokens": tokens}}, option=orjson.OPT_SERIALIZE_NUMPY
+    )
 
 
 def _safetensors(items: list[Item], results, service: Service) -> bytes:

@@ -1,5 +1,5 @@
-"""Dynamic batching: prepared items of concurrent requests -> one `enc.encode` call per batch, on a
-device thread of its own.
+"""Dynamic batching: prepared items of concurrent requests -> one device call per batch, on a device
+thread of its own.
 
     b = Batcher(enc, budget=16384, max_wait_s=0.005, metrics=m)
     job = b.submit(Job(patches, grid, deepstack=False))   # job.future -> cache.Result
@@ -23,6 +23,10 @@ a bounded number of programs (plan/choice.py); an item's embedding is what `enco
 within padding invariance. An item alone runs as `encode` runs it: bit for bit what it gives
 alone (its declared size's tight buckets too). An item larger than the budget runs alone.
 
+The device does not wait for a new batch shape: its program compiles on a thread of its own while
+the batch's longest prefix with a compiled program runs (else its head alone, whose own program
+is compiled as `encode` would compile it), and the rest waits for the next batch.
+
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 
@@ -40,6 +45,7 @@ import numpy as np
 from qwen_vit_jax.plan import Patches, batch_rows, frame_class
 from qwen_vit_jax.serve.cache import Result
 
+log = logging.getLogger("qwen_vit_jax.serve")
 FILL = 0.75  # under a backlog a batch that would fill less of its rows is cut to the rung below
 
 
@@ -78,6 +84,9 @@ class Batcher:
         self._cond = threading.Condition()
         self._closing = False
         self.batches = 0  # device calls made
+        # new batch shapes compile here, off the device thread (one at a time: Programs' lock)
+        self._compiles = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qvj-compile")
+        self._compiling: set[tuple] = set()  # (bucket, frames) handed to it
         self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
         self._thread.start()
 
@@ -110,6 +119,7 @@ class Batcher:
             self._closing = True
             self._cond.notify()
         self._thread.join(timeout)
+        self._compiles.shutdown(wait=False, cancel_futures=True)
 
     # ---- the device thread -------------------------------------------------------------------
     def _take(self) -> tuple[list[Job], bool]:
@@ -139,6 +149,38 @@ class Batcher:
         k = int(np.searchsorted(np.cumsum(sizes), rows // 2, side="right"))
         return batch[:k] if k >= 2 else batch
 
+    def _compiled(self, batch: list[Job]) -> list[Job]:
+        """The batch if its program is compiled; else (its program queued for the compile thread)
+        its longest prefix whose program is, or the head alone: the device does not wait for a new
+        batch shape (an item alone waits for its own program, as encode would)."""
+        if len(batch) < 2:
+            return batch
+        enc, frames = self.enc, batch[0].patches.frames_per_patch
+        sizes = np.cumsum([len(j.patches) for j in batch])
+        widest = np.maximum.accumulate([j.frame_class for j in batch])
+        seen = set()
+        for k in range(len(batch), 1, -1):
+            if sizes[k - 1] > enc.policy.max_patches:
+                continue
+            shape = (batch_rows(int(sizes[k - 1]), enc.policy), int(widest[k - 1]))
+            if shape in seen:
+                continue
+            seen.add(shape)
+            grid = np.concatenate([j.grid for j in batch[:k]])
+            buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
+            if all(enc.programs.ready(b, frames) for b in buckets):
+                return batch[:k]
+            if k == len(batch):
+                self._compile(buckets, frames)
+        return batch[:1]
+
+    def _compile(self, buckets: list, frames: int | None) -> None:
+        """Compile these programs on the compile thread (once, however often asked)."""
+        for b in buckets:
+            if (b, frames) not in self._compiling:
+                self._compiling.add((b, frames))
+                self._compiles.submit(self.enc.programs.get, b, frames).add_done_callback(_log_failure)
+
     def _next_batch(self) -> list[Job] | None:
         with self._cond:
             while True:
@@ -152,6 +194,7 @@ class Batcher:
                 if full or wait <= 0 or self._closing:
                     if len(self._pending) > len(batch):  # a backlog: fill a rung rather than pad one
                         batch = self._fill(batch)
+                    batch = self._compiled(batch)
                     for job in batch:
                         self._pending.remove(job)
                     return batch
@@ -223,3 +266,9 @@ class Batcher:
             )
             for i, (j, e) in enumerate(zip(batch, embs))
         ]
+
+
+def _log_failure(future: concurrent.futures.Future) -> None:
+    """A batch shape that failed to compile is logged; its batches keep running their heads alone."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("compiling a batch shape failed: %r", future.exception())

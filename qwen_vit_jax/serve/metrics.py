@@ -13,6 +13,9 @@ in one process (tests, a Ray replica per device) never share counters.
                                            device (the encode call), respond (encoding the answer)
     qvj_request_seconds                    whole requests
     qvj_workers_replaced_total             preparation workers replaced after dying
+    qvj_programs / qvj_compile_seconds     programs compiled (or loaded from the persistent compilation
+                                           cache) so far, and the seconds that took: a new batch shape
+                                           costs one such program, once
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Metrics:
         self.request_seconds = Histogram(
             "qvj_request_seconds", "Seconds per request", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.programs = Gauge("qvj_programs", "Programs compiled or loaded so far", registry=r)
+        self.compile_seconds = Gauge("qvj_compile_seconds", "Seconds spent compiling or loading programs", registry=r)
         self.replaced = Counter("qvj_workers_replaced", "Preparation workers replaced after dying", registry=r)
 
     def render(self) -> bytes:

@@ -113,6 +113,8 @@ class Service:
             )
             self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
+            self.metrics.programs.set_function(lambda: enc.compile_count)
+            self.metrics.compile_seconds.set_function(lambda: sum(enc.compile_seconds.values()))
             self.enc = enc
         except Exception as e:  # noqa: BLE001 (reported by /readyz and the log; the process stays up)
             self.error = f"{type(e).__name__}: {e}"
