@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -62,12 +63,12 @@ class Job:
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
-    @property
+    @functools.cached_property  # read on every pass over the queue
     def frame_class(self) -> int:
         """plan.frame_class of its widest frame: a batch plan's key window follows its largest one."""
         return frame_class(int((self.grid[:, 1] * self.grid[:, 2]).max()))
 
-    @property
+    @functools.cached_property
     def form(self) -> tuple:
         """What must agree within one call: the pixel table and the frames per row."""
         return (self.patches.table.tobytes(), self.patches.frames_per_patch, self.patches.temporal_patch_size)
