@@ -29,7 +29,7 @@ another bucket: each new one compiles, or loads from the cache, once). Phases, i
               backlog to pass --max-queue twice over: the share of 429s; every other
               request answered (200; none unanswered: no connection error, no client timeout); the
               server's RSS (its process and workers) every 0.25 s: before, peak, last, and the growth
-              over the second half of the phase
+              over the second half of the phase, and how much of it the in-memory LRU's growth is
   fuzz        --fuzz malformed bodies (tests/serve_traffic.py's `malformed`: 18 kinds, from not-JSON to
               a bomb's PNG header and paths / URLs the server must not open), 8 at a time: statuses
               (all must be 4xx), then GET /healthz
@@ -147,7 +147,9 @@ def cache_stats(after: dict, before: dict) -> dict:
 
 
 class RssSampler:
-    """The server's RSS every `period` s in a thread, while in a `with` block."""
+    """The server's RSS (MB) and its in-memory LRU's bytes (qvj_cache_bytes, MB: bounded by
+    --cache-mb, so growth within it is the cache filling, not a leak) every `period` s in a thread,
+    while in a `with` block: samples of (seconds, rss, lru)."""
 
     def __init__(self, server: st.Server, period: float = 0.25):
         self.server, self.period, self.samples = server, period, []
@@ -161,7 +163,8 @@ class RssSampler:
     def _run(self):
         t0 = time.monotonic()
         while not self._stop.is_set():
-            self.samples.append((time.monotonic() - t0, self.server.rss_mb()))
+            lru = st.metrics(self.server.url).get("qvj_cache_bytes", 0.0) / 2**20
+            self.samples.append((time.monotonic() - t0, self.server.rss_mb(), lru))
             self._stop.wait(self.period)
 
     def __exit__(self, *exc):
@@ -280,8 +283,8 @@ def run(args) -> dict:
             results, wall = asyncio.run(
                 st.open_loop(server.url, over_bodies, 2 * capacity, seed=2, timeout=TIMEOUT, max_in_flight=2048)
             )
-        mem = [mb for _, mb in rss.samples]
-        half = mem[len(mem) // 2 :] or mem
+        mem, lru = [mb for _, mb, _ in rss.samples], [mb for _, _, mb in rss.samples]
+        h = len(mem) // 2 if len(mem) > 1 else 0
         s = st.statuses(results)
         out["overload"] = {
             **answered(results),
@@ -289,7 +292,13 @@ def run(args) -> dict:
             "seconds": wall,
             "share_429": s.get(429, 0) / len(results),
             "accepted_not_200": sum(v for k_, v in s.items() if k_ not in (200, 429)),
-            "rss_mb": {"before": base, "peak": max(mem), "last": mem[-1], "second_half_growth": half[-1] - half[0]},
+            "rss_mb": {
+                "before": base,
+                "peak": max(mem),
+                "last": mem[-1],
+                "second_half_growth": mem[-1] - mem[h],
+                "second_half_lru_growth": lru[-1] - lru[h],
+            },
             "rss_samples": rss.samples,
         }
         log(f"overload: {out['overload']['share_429']:.0%} 429s, statuses {s}")
@@ -365,7 +374,8 @@ def table(r: dict) -> str:
         [
             "2x overload: server RSS",
             f"{mem['before']:.0f} -> peak {mem['peak']:.0f}, last {mem['last']:.0f} MB",
-            f"second half {mem['second_half_growth']:+.0f} MB",
+            f"second half {mem['second_half_growth']:+.0f} MB, of which the LRU "
+            f"{mem.get('second_half_lru_growth', float('nan')):+.0f} MB (bounded by --cache-mb)",
         ],
         [
             "fuzz: malformed bodies",

@@ -58,6 +58,25 @@ def test_overload_gives_429s_and_answers_every_accepted_request(server):
     answers_one(server)
 
 
+def test_memory_stays_flat_under_overload(server):
+    """Rounds of overload like the test above, on images of their own: the server's resident memory
+    (at rest after each round, less what its in-memory LRU holds) does not grow round after round."""
+
+    def at_rest() -> float:  # MB: the least of a few samples (the allocator's peaks pass)
+        time.sleep(0.3)
+        lru = st.metrics(server.url)["qvj_cache_bytes"] / 2**20
+        return min(server.rss_mb() for _ in range(5)) - lru
+
+    rest = []
+    for k in range(5):
+        bodies = [st.body(images(4, seed=10_000 * (k + 1) + 4 * i)) for i in range(40)]
+        results, _ = asyncio.run(st.open_loop(server.url, bodies, rate=2000.0, seed=k, timeout=120, keepalive=False))
+        assert set(st.statuses(results)) <= {200, 429}
+        rest.append(at_rest())
+    print(f"\nRSS at rest less the LRU, MB: {[round(r) for r in rest]}")
+    assert rest[-1] - rest[1] < 24, rest  # round 0 may still allocate for good (first overload)
+
+
 def test_a_thousand_malformed_bodies_all_get_4xx(server):
     cases = st.malformed(1000, seed=1, good=images(1, seed=0)[0])
     results = asyncio.run(st.fuzz(server.url, cases, concurrency=8))

@@ -67,6 +67,11 @@ class MemoryLRU:
     def __len__(self) -> int:
         return len(self._d)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the results held (at most `capacity`)."""
+        return self._bytes
+
 
 class DiskCache:
     """The CLI's content-hash cache for one checkpoint, dtype and preprocessing; one

@@ -9,6 +9,7 @@ in one process (tests, a Ray replica per device) never share counters.
     qvj_batch_items / qvj_batch_fill       items per device call; its patches / the patch budget
     qvj_batch_padding                      padded rows / bucket rows of each device call
     qvj_cache_total{result}                memory / disk / inflight hits, and misses
+    qvj_cache_bytes                        bytes of embeddings the in-memory LRU holds (<= --cache-mb)
     qvj_stage_seconds{stage}               queue (admitted -> prepared or batched), prepare (in a worker),
                                            device (the encode call), respond (encoding the answer)
     qvj_request_seconds                    whole requests
@@ -56,6 +57,7 @@ class Metrics:
         self.request_seconds = Histogram(
             "qvj_request_seconds", "Seconds per request", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.cache_bytes = Gauge("qvj_cache_bytes", "Bytes of embeddings in the in-memory LRU", registry=r)
         self.programs = Gauge("qvj_programs", "Programs compiled or loaded so far", registry=r)
         self.compile_seconds = Gauge("qvj_compile_seconds", "Seconds spent compiling or loading programs", registry=r)
         self.replaced = Counter("qvj_workers_replaced", "Preparation workers replaced after dying", registry=r)

@@ -113,6 +113,7 @@ class Service:
             )
             self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
+            self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
             self.metrics.programs.set_function(lambda: enc.compile_count)
             self.metrics.compile_seconds.set_function(lambda: sum(enc.compile_seconds.values()))
             self.enc = enc
