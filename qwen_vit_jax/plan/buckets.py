@@ -184,9 +184,9 @@ FRAME_CLASS_UNIT = 64  # rows: frame classes are this times 1, 2, 3, 4, 6, 8, 12
 
 def batch_rows(n: int, policy: BucketPolicy) -> int:
     """N_pad of a batch plan of n real rows: the least power of two >= n, at least min_patches
-    (the ladder's rung where that would pass max_patches). Coarser than the ladder on purpose: a batch's rows are the
-    caller's choice (a service cuts its batches to fill a rung under load, and pads when idle),
-    so fewer rungs mean fewer programs at little cost in padding."""
+    (the ladder's rung where that would pass max_patches). Coarser than the ladder on purpose: a
+    batch's rows are its caller's choice (a service cuts its batches to fill a rung under load
+    and pads them when idle), so fewer rungs mean fewer programs for little padding."""
     if n > policy.max_patches:
         raise ValueError(f"a batch plan holds at most max_patches = {policy.max_patches} rows, got {n}")
     rows = max(1 << max(n - 1, 1).bit_length(), policy.min_patches)

@@ -88,6 +88,7 @@ class Batcher:
         # new batch shapes compile here, off the device thread (one at a time: Programs' lock)
         self._compiles = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qvj-compile")
         self._compiling: set[tuple] = set()  # (bucket, frames) handed to it
+        self._batch_plans = enc.mesh is None  # a mesh balances a batch's frames over its devices instead
         self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
         self._thread.start()
 
@@ -123,46 +124,46 @@ class Batcher:
         self._compiles.shutdown(wait=False, cancel_futures=True)
 
     # ---- the device thread -------------------------------------------------------------------
-    def _take(self) -> tuple[list[Job], bool]:
-        """The batch the oldest job would leave in now, and whether it is full."""
+    def _take(self) -> tuple[list[Job], bool, int]:
+        """The batch the oldest job would leave in now, whether it is full, and the patches of every
+        waiting job that could join it (past the budget too)."""
         head = self._pending[0]
-        form, top, batch, total = head.form, head.frame_class, [], 0
+        form, top, batch, total, joinable = head.form, head.frame_class, [], 0, 0
         for job in self._pending:
             if job.form != form or not top <= 4 * job.frame_class <= 4 * top:
                 continue
             n = len(job.patches)
-            if batch and total + n > self.budget:
-                return batch, True
-            batch.append(job)
-            total += n
-        return batch, total >= self.budget
+            joinable += n
+            if not batch or (total + n <= self.budget and total == joinable - n):
+                batch.append(job)
+                total += n
+        return batch, joinable > total or total >= self.budget, joinable
 
-    def _fill(self, batch: list[Job]) -> list[Job]:
-        """The batch, or its longest prefix that fits half its batch plan's rows when it would
-        fill less than FILL of them (the rest leaves in the next batch)."""
-        sizes = [len(j.patches) for j in batch]
-        total = sum(sizes)
-        if len(batch) < 3 or total > self.enc.policy.max_patches:
+    def _fill(self, batch: list[Job], joinable: int) -> list[Job]:
+        """The batch, or, when it would fill less than FILL of its batch plan's rows and the jobs
+        waiting to join would fill the next batch as well, its longest prefix that fits half of
+        them (a backlog fills a rung rather than pads one; a few jobs are never split)."""
+        sizes = np.cumsum([len(j.patches) for j in batch])
+        total = int(sizes[-1])
+        if len(batch) < 3 or not self._batch_plans or total > self.enc.policy.max_patches:
             return batch
         rows = batch_rows(total, self.enc.policy)
-        if total >= FILL * rows:
+        k = int(np.searchsorted(sizes, rows // 2, side="right"))
+        if total >= FILL * rows or k < 2 or joinable - sizes[k - 1] < rows // 2:
             return batch
-        k = int(np.searchsorted(np.cumsum(sizes), rows // 2, side="right"))
-        return batch[:k] if k >= 2 else batch
+        return batch[:k]
 
     def _compiled(self, batch: list[Job]) -> list[Job]:
         """The batch if its program is compiled; else (its program queued for the compile thread)
         its longest prefix whose program is, or the head alone: the device does not wait for a new
         batch shape (an item alone waits for its own program, as encode would)."""
-        if len(batch) < 2:
-            return batch
         enc, frames = self.enc, batch[0].patches.frames_per_patch
         sizes = np.cumsum([len(j.patches) for j in batch])
+        if len(batch) < 2 or not self._batch_plans or sizes[-1] > enc.policy.max_patches:
+            return batch  # planned as encode plans it
         widest = np.maximum.accumulate([j.frame_class for j in batch])
         seen = set()
         for k in range(len(batch), 1, -1):
-            if sizes[k - 1] > enc.policy.max_patches:
-                continue
             shape = (batch_rows(int(sizes[k - 1]), enc.policy), int(widest[k - 1]))
             if shape in seen:
                 continue
@@ -190,11 +191,10 @@ class Batcher:
                         return None
                     self._cond.wait()
                     continue
-                batch, full = self._take()
+                batch, full, joinable = self._take()
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
-                    if len(self._pending) > len(batch):  # a backlog: fill a rung rather than pad one
-                        batch = self._fill(batch)
+                    batch = self._fill(batch, joinable)
                     batch = self._compiled(batch)
                     for job in batch:
                         self._pending.remove(job)
