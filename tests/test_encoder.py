@@ -231,13 +231,13 @@ BATCH = [[1, 8, 8], [1, 12, 16], [1, 20, 14], [1, 16, 24], [1, 6, 10], [1, 16, 1
 @pytest.mark.parametrize("cfg", [TINY25, TINY2, TINY3], ids=["qwen2.5", "qwen2", "qwen3"])
 def test_batched_prepare_runs_a_batch_plan(cfg):
     """prepare(batched=True): the grid's rows as one batch in a batch plan (one tile per block,
-    rows a power of two), each item's tokens (and deepstack features) within padding invariance of
+    rows on batch_rows' ladder), each item's tokens (and deepstack features) within padding invariance of
     its own encode; an item alone is planned as encode plans it."""
     enc = qvj.VisionEncoder(cfg, random_params(cfg))
     pxs = [pixels(cfg, [g], seed=i) for i, g in enumerate(BATCH)]
     prepared = enc.prepare(np.concatenate(pxs), BATCH, batched=True)
     (bucket,) = prepared.buckets
-    assert bucket.patches == 2048 and bucket.tiles == bucket.patches // bucket.block  # 1236 rows, a power of two
+    assert bucket.patches == 1536 and bucket.tiles == bucket.patches // bucket.block  # 1236 rows
     tokens, features = enc.run(prepared, return_deepstack=True)
     cuts = np.cumsum([h * w // cfg.merge_unit for _, h, w in BATCH])[:-1]
     for i, (px, g) in enumerate(zip(pxs, BATCH)):

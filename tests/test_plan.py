@@ -564,8 +564,16 @@ def test_batch_plan_invariants_random(grid, cfg):
 
 def test_batch_plan_values():
     policy = BucketPolicy()
-    assert [batch_rows(n, policy) for n in (1, 64, 65, 1000, 1025, 16384)] == [64, 64, 128, 1024, 2048, 16384]
-    assert batch_rows(9000, BucketPolicy(max_patches=10000)) == BucketPolicy().rung(9000)  # never past the largest
+    assert [batch_rows(n, policy) for n in (1, 64, 65, 97, 700, 1025, 1600, 16384)] == [
+        64,
+        64,
+        96,
+        128,
+        768,
+        1536,
+        2048,
+        16384,
+    ]
     assert [frame_class(r) for r in (4, 64, 65, 129, 192, 193, 384, 385, 1000)] == [
         64,
         64,

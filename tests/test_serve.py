@@ -212,32 +212,6 @@ def test_batches_are_cut_at_the_patch_budget(tiny_dirs, tiny_encoder, pngs):
     assert codes == [200] * 3 and batches == 3  # a full budget leaves at once, without the wait
 
 
-def test_a_backlog_leaves_in_batches_that_fill_their_rows(tiny_encoder):
-    """Twelve 192-patch items queued at once under a 1300-patch budget. The first full batch (6
-    items, 1152 rows) would fill 56% of its batch plan's 2048 rows while 12 wait: it is cut to 5
-    (960 of 1024). The next 6 would leave too few behind to fill a batch again: they go whole, the
-    last item alone on close. Every item within 1e-6 of encode_images."""
-    from qwen_vit_jax.preprocess.images import image_preprocessor
-    from qwen_vit_jax.serve.batcher import Batcher, Job
-    from qwen_vit_jax.serve.metrics import Metrics
-
-    enc, m = tiny_encoder, Metrics()
-    ims = [make_image(168, 224, seed=40 + i) for i in range(12)]
-    prep = image_preprocessor(enc.cfg.variant)
-    items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
-    compile_batch_shape(enc, ims[:5])
-    compile_batch_shape(enc, ims[:6])
-    b = Batcher(enc, budget=1300, max_wait_s=60.0, metrics=m)  # batches leave full, or on close
-    jobs = [b.submit(Job(px, grid, np.zeros(0))) for px, grid in items]
-    for job in jobs[:11]:
-        job.future.result(timeout=300)
-    b.close()
-    bucket = [m.registry.get_sample_value("qvj_batch_items_bucket", {"le": le}) for le in ("1.0", "4.0", "8.0")]
-    assert m.registry.get_sample_value("qvj_batch_items_sum") == 12 and bucket == [1, 1, 3]  # 5, 6, 1
-    for job, want in zip(jobs, enc.encode_images(ims)):
-        assert rel_err(job.future.result().embedding, want) <= 1e-6
-
-
 def test_a_new_batch_shape_compiles_off_the_device_thread(tiny_encoder):
     """Three items of a batch shape never compiled: the head runs alone (the device does not wait)
     while the compile thread compiles the shape; three more of the same sizes then share one call."""

@@ -96,7 +96,9 @@ def test_a_killed_worker_fails_its_item_with_503_and_is_replaced(server):
         killed["pid"], killed["at"] = st.kill_worker(server), time.monotonic()
 
     async def load():
-        return await asyncio.gather(st.closed_loop(server.url, [st.body(b) for b in _singles(40)], 4), killer())
+        return await asyncio.gather(
+            st.closed_loop(server.url, [st.body(b) for b in _singles(200)], 4), killer()
+        )  # past the kill
 
     (results, _), _ = asyncio.run(load())
     counts = st.statuses(results)

@@ -141,8 +141,8 @@ def make_batch_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = N
     """The plan of a batch of independent items (a service's batch) in a bounded set of shapes.
 
     A ladder plan's K and T follow the mix of frame sizes, so batches of random mixes compile
-    program after program. Here the bucket is a function of the padded rows (`batch_rows`: a power
-    of two; blocks of `policy.block` rows), the frame class of the widest frame (`frame_class`)
+    program after program. Here the bucket is a function of the padded rows (`batch_rows`: two
+    rungs per octave; blocks of `policy.block` rows), the frame class of the widest frame (`frame_class`)
     and the window variant (W_pad typical or worst) alone: K = `batch_key_rows`, wide enough that
     each block's frames fit one key window, so T = N_pad / B. Results agree with any other
     bucket's within padding invariance. Not cached (a batch's grid rarely recurs); never split:

@@ -183,14 +183,13 @@ FRAME_CLASS_UNIT = 64  # rows: frame classes are this times 1, 2, 3, 4, 6, 8, 12
 
 
 def batch_rows(n: int, policy: BucketPolicy) -> int:
-    """N_pad of a batch plan of n real rows: the least power of two >= n, at least min_patches
-    (the ladder's rung where that would pass max_patches). Coarser than the ladder on purpose: a
-    batch's rows are its caller's choice (a service cuts its batches to fill a rung under load
-    and pads them when idle), so fewer rungs mean fewer programs for little padding."""
+    """N_pad of a batch plan of n real rows: the rung of a ladder of two rungs per octave (64, 96,
+    128, 192, 256, 384, 512, 768, 1024, 1536, ...; the policy's own min_patches and block). Coarser
+    than the policy's ladder above 1024 rows on purpose: a batch plan's bucket also follows its
+    frame class, and fewer rungs mean fewer programs, for padding of at most a third."""
     if n > policy.max_patches:
         raise ValueError(f"a batch plan holds at most max_patches = {policy.max_patches} rows, got {n}")
-    rows = max(1 << max(n - 1, 1).bit_length(), policy.min_patches)
-    return rows if rows <= policy.max_patches else policy.rung(n)  # never past the largest program
+    return dataclasses.replace(policy, per_octave=2, dense_from=0, tight=False).rung(n)
 
 
 def frame_class(rows: int) -> int:

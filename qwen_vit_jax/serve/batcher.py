@@ -14,8 +14,7 @@ smaller (plan.frame_class: the key window of a batch plan follows its largest fr
 smaller ones would pay for). It leaves when the budget is full (the next such item would not fit)
 or when its oldest item has waited `max_wait_s`; items that arrived while the previous batch ran
 have waited already, so under load batches leave back to back and the device never idles while
-items wait. Under a backlog a batch that would fill less than 3/4 of its batch plan's rows (a
-power of two) is cut to fill the rung below; the rest leaves next. When idle it is padded.
+items wait.
 
 A batch is one `enc.prepare(..., batched=True)` + `enc.run`: several items run in a batch plan,
 whose bucket follows the rung and the frame class, not the mix of sizes, so random batches compile
@@ -47,7 +46,6 @@ from qwen_vit_jax.plan import Patches, batch_rows, frame_class
 from qwen_vit_jax.serve.cache import Result
 
 log = logging.getLogger("qwen_vit_jax.serve")
-FILL = 0.75  # under a backlog a batch that would fill less of its rows is cut to the rung below
 
 
 @dataclasses.dataclass(eq=False)
@@ -124,34 +122,19 @@ class Batcher:
         self._compiles.shutdown(wait=False, cancel_futures=True)
 
     # ---- the device thread -------------------------------------------------------------------
-    def _take(self) -> tuple[list[Job], bool, int]:
-        """The batch the oldest job would leave in now, whether it is full, and the patches of every
-        waiting job that could join it (past the budget too)."""
+    def _take(self) -> tuple[list[Job], bool]:
+        """The batch the oldest job would leave in now, and whether it is full."""
         head = self._pending[0]
-        form, top, batch, total, joinable = head.form, head.frame_class, [], 0, 0
+        form, top, batch, total = head.form, head.frame_class, [], 0
         for job in self._pending:
             if job.form != form or not top <= 4 * job.frame_class <= 4 * top:
                 continue
             n = len(job.patches)
-            joinable += n
-            if not batch or (total + n <= self.budget and total == joinable - n):
-                batch.append(job)
-                total += n
-        return batch, joinable > total or total >= self.budget, joinable
-
-    def _fill(self, batch: list[Job], joinable: int) -> list[Job]:
-        """The batch, or, when it would fill less than FILL of its batch plan's rows and the jobs
-        waiting to join would fill the next batch as well, its longest prefix that fits half of
-        them (a backlog fills a rung rather than pads one; a few jobs are never split)."""
-        sizes = np.cumsum([len(j.patches) for j in batch])
-        total = int(sizes[-1])
-        if len(batch) < 3 or not self._batch_plans or total > self.enc.policy.max_patches:
-            return batch
-        rows = batch_rows(total, self.enc.policy)
-        k = int(np.searchsorted(sizes, rows // 2, side="right"))
-        if total >= FILL * rows or k < 2 or joinable - sizes[k - 1] < rows // 2:
-            return batch
-        return batch[:k]
+            if batch and total + n > self.budget:
+                return batch, True
+            batch.append(job)
+            total += n
+        return batch, total >= self.budget
 
     def _compiled(self, batch: list[Job]) -> list[Job]:
         """The batch if its program is compiled; else (its program queued for the compile thread)
@@ -191,10 +174,9 @@ class Batcher:
                         return None
                     self._cond.wait()
                     continue
-                batch, full, joinable = self._take()
+                batch, full = self._take()
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
-                    batch = self._fill(batch, joinable)
                     batch = self._compiled(batch)
                     for job in batch:
                         self._pending.remove(job)
