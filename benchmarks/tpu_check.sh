@@ -14,25 +14,26 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results/tpu}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"   # no pip install: the tree as it is
+PY="${PYTHON:-python3}"   # as gpu_check.sh: a VM may have no `python`
 start=$(date +%s)
 deadline=$((start + 470))   # the whole check stays under 8 minutes
 status=0
 
 {
-  python -c "import jax; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
-  python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+  "$PY" -c "import jax; print('jax', jax.__version__, jax.default_backend(), jax.devices())"
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''); print('transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 grep -q "^jax .* tpu " "$OUT/env.txt" || echo "WARNING: JAX's default backend is not the TPU: a dry run" | tee -a "$OUT/env.txt"
 
 echo "== parity tests (JAX on the default backend) =="
-JAX_PLATFORMS= timeout 180 python -m pytest tests/test_parity.py tests/test_attention.py tests/test_kernels.py \
+JAX_PLATFORMS= timeout 180 "$PY" -m pytest tests/test_parity.py tests/test_attention.py tests/test_kernels.py \
   -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== bench_device: ours (XLA, splash kernel); no HF side: torch does not run on a TPU (up to $((deadline - $(date +%s))) s) =="
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout $((deadline - $(date +%s))) python benchmarks/bench_device.py --repeats 5 --sides ours-xla,ours-kernel \
+timeout $((deadline - $(date +%s))) "$PY" benchmarks/bench_device.py --repeats 5 --sides ours-xla,ours-kernel \
   --out "$OUT/device_tpu.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/device_tpu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
