@@ -78,6 +78,12 @@ def bucket_counts(cfg) -> dict:
     return {"batch_plan_buckets": len(batch), "ladder_buckets": len(ladder)}
 
 
+def distinct(buckets: list) -> str:
+    """(rows, K, T) of each distinct bucket, with how many calls it takes when more than one."""
+    counts = {tuple(b): buckets.count(b) for b in buckets}
+    return ", ".join(f"{b}" + (f" x{n}" if n > 1 else "") for b, n in sorted(counts.items()))
+
+
 def main():
     if worker_main({"timing": timing_worker}):
         return
@@ -92,7 +98,8 @@ def main():
     r = run_worker(str(HERE), "timing", {"model": args.model, "images": images, "repeats": args.repeats})
     best = {k: min(v["s"]) for k, v in r.items() if isinstance(v, dict) and "s" in v}
     rows = [
-        [k, f"{best[k] * 1e3 / images:.1f} ms", f"{best[k] / best['ladder plan']:.2f}x", r[k]["buckets"]] for k in best
+        [k, f"{best[k] * 1e3 / images:.1f} ms", f"{best[k] / best['ladder plan']:.2f}x", distinct(r[k]["buckets"])]
+        for k in best
     ]
     text = markdown_table(["side", "per image", "vs ladder plan", "buckets (rows, K, T)"], rows)
     c = r["counts"]
