@@ -152,7 +152,10 @@ class Batcher:
                 continue
             seen.add(shape)
             grid = np.concatenate([j.grid for j in batch[:k]])
-            buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
+            try:
+                buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
+            except ValueError:  # a bad item: _run tries the items alone and fails it alone
+                return batch
             if all(enc.programs.ready(b, frames) for b in buckets):
                 return batch[:k]
             if k == len(batch):
