@@ -20,6 +20,7 @@ shared VM drifts by up to 2x over minutes, and alternating spreads that drift ov
 Times are medians of the per-call timings of all rounds.
 
     python benchmarks/bench_plan.py [--quick] [--repeats N] [--rounds N] [--out PATH]
+    python benchmarks/bench_plan.py --against REV    # + ours at REV in the same rounds (an A/B)
 """
 
 from __future__ import annotations
@@ -122,13 +123,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="processes per side, alternating")
     ap.add_argument("--quick", action="store_true", help="5 repeats, 1 round")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/plan[-quick].json)")
+    ap.add_argument("--against", metavar="REV", help="also time ours at this git revision, alternating")
     args = ap.parse_args()
     repeats, rounds = (5, 1) if args.quick else (args.repeats, args.rounds)
     cases = seed_cases()
     payload = {"cases": cases, "repeats": repeats}
-    ours_rounds, hf_rounds = [], [[], []]
+    ours_rounds, hf_rounds, rev_rounds = [], [[], []], []
+    rev_env = common.rev_env(common.worktree(args.against)) if args.against else None
     for _ in range(rounds):
         ours_rounds.append(common.run_worker(__file__, "ours", payload))
+        if rev_env is not None:
+            rev_rounds.append(common.run_worker(__file__, "ours", payload, env=rev_env))
         for runs, t in zip(hf_rounds, (None, 1)):
             runs.append(common.run_worker(__file__, "hf", payload, env=common.torch_env(t)))
     ours = merge_rounds(ours_rounds, ("uncached", "cached"))
@@ -163,6 +168,18 @@ def main() -> None:
         )
     print(f"Host index work, medians of {rounds} round(s) x {repeats} calls (ratios vs the faster HF run)\n")
     print(common.markdown_table(headers, rows))
+    against = None
+    if rev_rounds:
+        against = merge_rounds(rev_rounds, ("uncached", "cached"))
+        ab = [
+            [name, *(common.fmt_seconds(s[name][k]["median"]) for s in (against, ours) for k in ("uncached", "cached"))]
+            + [f"{against[name]['uncached']['median'] / ours[name]['uncached']['median']:.2f}x"]
+            for name in cases
+        ]
+        rev = args.against
+        print(f"\nOurs at {rev} vs the working tree, same rounds\n")
+        heads = ["case", f"{rev} uncached", f"{rev} cached", "tree uncached", "tree cached", f"{rev} / tree uncached"]
+        print(common.markdown_table(heads, ab))
     versions = {**common.versions("numba", "numpy"), **hf_runs[0]["versions"]}
     common.write_json(
         args.out or common.default_out("plan", args.quick),
@@ -173,6 +190,7 @@ def main() -> None:
             "rounds": rounds,
             "cases": records,
             "versions": versions,
+            "against": {"rev": args.against, "ours": against} if against else None,
         },
     )
 

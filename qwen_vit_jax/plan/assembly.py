@@ -156,20 +156,17 @@ def make_batch_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = N
     return build_plan(key, cfg, policy, n_pad, block, batch_key_rows(n_pad, block, frame_class(widest)))
 
 
-@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def _cached_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> Plan:
-    """One plan: the bucket's rows and block from the policy (build_plan does the rest)."""
-    n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
-    n_pad = policy.padded_rows(n, n_frames == 1)
-    return build_plan(grid, cfg, policy, n_pad, policy.block_size(n_pad, n_frames == 1))
-
-
-def build_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy, n_pad: int, block: int, key_rows: int = 0) -> Plan:
+def build_plan(
+    grid: tuple, cfg: VisionConfig, policy: BucketPolicy, n_pad: int = 0, block: int = 0, key_rows: int = 0
+) -> Plan:
     """The plan of a grid (a tuple of (t, h, w) rows) in a bucket of n_pad rows cut into blocks of
-    `block`: everything else in one numba call (kernels.build_plan), K and T chosen there unless
-    key_rows > 0 fixes K."""
+    `block` (0: the policy's, `padded_rows` and `block_size`): everything else in one numba call
+    (kernels.build_plan), K and T chosen there unless key_rows > 0 fixes K."""
     g = np.array(grid, np.int64)  # writable: numba compiles its kernels for writable arrays
     n, n_frames = sum(t * h * w for t, h, w in grid), sum(t for t, _, _ in grid)
+    if not n_pad:
+        n_pad = policy.padded_rows(n, n_frames == 1)
+        block = policy.block_size(n_pad, n_frames == 1)
     w_typical, w_worst = typical_windows(n_pad, cfg), worst_windows(n_pad, cfg)
     s = cfg.window_patches
     window = cfg.window_merge if cfg.windowed else 0  # Qwen2-VL, or Qwen2.5-VL without window layers
@@ -213,6 +210,10 @@ def build_plan(grid: tuple, cfg: VisionConfig, policy: BucketPolicy, n_pad: int,
         pos_embed_weight=pe_weight,
         grid_thw=_read_only(g),
     )
+
+
+# One plan in the policy's bucket, cached by grid: build_plan itself, no wrapper on the request path.
+_cached_plan = functools.lru_cache(maxsize=PLAN_CACHE_SIZE)(build_plan)
 
 
 def raster_to_merge_order(grid: np.ndarray, m: int) -> np.ndarray:
