@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -22,14 +24,31 @@ from bench_serve import WORK, checkpoint_worker, env, images, request, st
 from common import ROOT, log, machine_line, markdown_table, rev_env, worktree
 
 
-def saturation(ckpt: str, environ: dict, label: str) -> float:
+def imported_from(tree, environ: dict) -> pathlib.Path:
+    """The qwen_vit_jax a server started in `tree` with `environ` imports (checked: `python -c` puts
+    its working directory first on sys.path, so one started from ours would import ours)."""
+    code = "import qwen_vit_jax; print(qwen_vit_jax.__file__)"
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, env=environ, cwd=tree, capture_output=True, text=True, check=True)
+    return pathlib.Path(out.stdout.strip()).resolve().parent.parent
+
+
+def saturation(ckpt: str, tree, environ: dict, label: str) -> float:
+    if imported_from(tree, environ) != pathlib.Path(tree).resolve():
+        raise RuntimeError(f"{label}: a server would import {imported_from(tree, environ)}, not {tree}")
     warm, sat = images("warmup", 300), images("saturation", 300)
-    with st.Server(ckpt, "--workers", 1, "--max-queue", 32, log=WORK / f"ab_{label}.log", env=environ) as server:
+    server = st.Server(ckpt, "--workers", 1, "--max-queue", 32, log=WORK / f"ab_{label}.log", env=environ, cwd=tree)
+    with server:
         for k in range(2):
             asyncio.run(st.closed_loop(server.url, [request(b) for b in warm[k * 150 : (k + 1) * 150]], 32))
+        m0 = st.metrics(server.url)
         results, wall = asyncio.run(st.closed_loop(server.url, [request(b) for b in sat], 32, timeout=120))
+        m1 = st.metrics(server.url)
     if st.statuses(results) != {200: len(sat)}:
         raise RuntimeError(f"{label}: not every request answered: {st.statuses(results)}")
+    calls = {k: m1[k] - m0.get(k, 0.0) for k in m1 if k.startswith("qvj_batch_calls_total")}
+    if calls:  # revisions before the metric have none
+        log(f"{label}: device calls in saturation: " + ", ".join(f"{k[22:-1]} {v:.0f}" for k, v in calls.items()))
     return len(sat) / wall
 
 
@@ -48,7 +67,7 @@ def main():
             environ = rev_env(tree, env())
             if args.cold:
                 environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="qvj-ab-cache-", dir=WORK)
-            rates[label].append(saturation(ckpt, environ, label.replace(" ", "_")))
+            rates[label].append(saturation(ckpt, tree, environ, label.replace(" ", "_")))
             log(f"round {r + 1}, {label}: {rates[label][-1]:.2f} images/s")
     med = {k: statistics.median(v) for k, v in rates.items()}
     rows = [

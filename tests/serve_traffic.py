@@ -43,13 +43,17 @@ def free_port() -> int:
 # ---- the server --------------------------------------------------------------------------------
 class Server:
     """`qwen-vit-jax serve CKPT --port P ARGS` in a subprocess, ready (GET /readyz 200) on entry,
-    stopped with SIGTERM (then SIGKILL after `stop_timeout` s) on exit; its output goes to `log`."""
+    stopped with SIGTERM (then SIGKILL after `stop_timeout` s) on exit; its output goes to `log`. It
+    runs in `cwd` (default ours), which `python -c` puts first on sys.path: the tree whose
+    qwen_vit_jax it imports when that has one."""
 
-    def __init__(self, checkpoint, *args, log=None, ready_timeout: float = 180, stop_timeout: float = 30, env=None):
+    def __init__(
+        self, checkpoint, *args, log=None, ready_timeout: float = 180, stop_timeout: float = 30, env=None, cwd=None
+    ):
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.args = [str(checkpoint), "--host", HOST, "--port", str(self.port), *map(str, args)]
-        self.log, self.ready_timeout, self.stop_timeout, self.env = log, ready_timeout, stop_timeout, env
+        self.log, self.ready_timeout, self.stop_timeout, self.env, self.cwd = log, ready_timeout, stop_timeout, env, cwd
         self.proc: subprocess.Popen | None = None
         self.exit_code: int | None = None
 
@@ -57,7 +61,11 @@ class Server:
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (closed in stop)
         self._out = out
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", CLI, "serve", *self.args], stdout=out, stderr=subprocess.STDOUT, env=self.env
+            [sys.executable, "-c", CLI, "serve", *self.args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
         )
         try:
             self.wait_ready(self.ready_timeout)
