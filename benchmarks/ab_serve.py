@@ -46,9 +46,8 @@ def saturation(ckpt: str, tree, environ: dict, label: str) -> float:
         m1 = st.metrics(server.url)
     if st.statuses(results) != {200: len(sat)}:
         raise RuntimeError(f"{label}: not every request answered: {st.statuses(results)}")
-    calls = {k: m1[k] - m0.get(k, 0.0) for k in m1 if k.startswith("qvj_batch_calls_total")}
-    if calls:  # revisions before the metric have none
-        log(f"{label}: device calls in saturation: " + ", ".join(f"{k[22:-1]} {v:.0f}" for k, v in calls.items()))
+    calls, alone = (m1[k] - m0.get(k, 0.0) for k in ("qvj_batch_items_count", "qvj_batch_items_bucket{le=1.0}"))
+    log(f"{label}: {calls:.0f} device calls in saturation, {alone:.0f} of one item")
     return len(sat) / wall
 
 

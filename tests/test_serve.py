@@ -242,49 +242,6 @@ def test_a_new_batch_shape_compiles_off_the_device_thread(tiny_encoder):
     assert m.registry.get_sample_value("qvj_batch_items_count") == calls + 1
 
 
-def test_a_recurring_mix_moves_to_its_ladder_plan(tiny_encoder):
-    """A mix whose ladder plan computes less than its batch plan: its first two batches run in the
-    batch plan, the second hands the ladder plan to the compile thread, and once that is compiled
-    the mix runs in it, bit for bit what `encode` gives the same items packed together."""
-    from qwen_vit_jax.plan import Patches
-    from qwen_vit_jax.preprocess.images import image_preprocessor
-    from qwen_vit_jax.serve.batcher import LADDER_GAIN, Batcher, Job
-    from qwen_vit_jax.serve.metrics import Metrics
-
-    enc, m = tiny_encoder, Metrics()
-    prep = image_preprocessor(enc.cfg.variant)
-    ims = [make_image(h, w, seed=80 + i) for i, (h, w) in enumerate([(224, 336), (224, 224), (168, 224), (280, 196)])]
-    items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
-    grid = np.concatenate([g for _, g in items])
-    ladder = [p.bucket for p in enc.bucket_choice.plans(grid)]
-    (batch_plan,) = enc.bucket_choice.batch_plans(grid)
-    flops = enc.programs.flops
-    assert sum(map(flops, ladder)) <= LADDER_GAIN * flops(batch_plan.bucket)  # this mix is one to move
-    assert not any(enc.programs.ready(b, 1) for b in ladder)
-    compile_batch_shape(enc, ims)
-    b = Batcher(enc, budget=16384, max_wait_s=1.0, metrics=m)
-
-    def mix():
-        jobs = [b.submit(Job(px, g, np.zeros(0))) for px, g in items]
-        return [j.future.result(timeout=300).embedding for j in jobs]
-
-    def calls(plan):
-        return m.registry.get_sample_value("qvj_batch_calls_total", {"plan": plan}) or 0.0
-
-    for _ in range(2):
-        mix()
-    assert (calls("batch"), calls("ladder")) == (2, 0)
-    deadline = time.monotonic() + 300
-    while not all(enc.programs.ready(bk, 1) for bk in ladder):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    got = mix()
-    b.close()
-    assert (calls("batch"), calls("ladder")) == (2, 1)
-    want = enc.encode(Patches.concatenate([px for px, _ in items]), grid)
-    assert np.array_equal(np.concatenate(got), want)
-
-
 def test_cache_hits_and_in_flight_dedup(tiny_dirs, tiny_encoder, pngs, tmp_path):
     """Identical items in flight together are encoded once; a repeat comes from memory; a new
     server with the same --cache DIR reads it from disk (the CLI's format)."""

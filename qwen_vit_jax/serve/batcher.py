@@ -26,13 +26,6 @@ The device does not wait for a new batch shape: its program compiles on a thread
 the batch's longest prefix with a compiled program runs (else its head alone, whose own program
 is compiled as `encode` would compile it), and the rest waits for the next batch.
 
-A batch plan's key window is as wide as its frame class allows, so it computes more than the ladder
-plan `encode` would choose for the same mix (tiny tower: up to 1.6x the FLOPs). A mix whose ladder
-program is compiled runs in it. A ladder plan met twice goes to the compile thread, which compiles
-it if it computes at most LADDER_GAIN of the batch plan (at most MAX_LADDER_PROGRAMS of them): on a
-small tower recurring mixes win back the difference; on a large one, whose few full-attention
-layers make the two plans cost about the same, nothing more is compiled.
-
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
 """
@@ -53,8 +46,6 @@ from qwen_vit_jax.plan import Patches, batch_rows, frame_class
 from qwen_vit_jax.serve.cache import Result
 
 log = logging.getLogger("qwen_vit_jax.serve")
-LADDER_GAIN = 0.9  # a recurring batch's ladder plan is compiled if it computes at most this share of its batch plan
-MAX_LADDER_PROGRAMS = 64  # ladder plans the batcher compiles at most (the programs' memory stays bounded)
 
 
 @dataclasses.dataclass(eq=False)
@@ -95,8 +86,6 @@ class Batcher:
         # new batch shapes compile here, off the device thread (one at a time: Programs' lock)
         self._compiles = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qvj-compile")
         self._compiling: set[tuple] = set()  # (bucket, frames) handed to it
-        self._ladder_seen: collections.Counter = collections.Counter()  # (ladder buckets, frames) -> batches
-        self._considered: set[tuple] = set()  # (ladder buckets, frames) handed to the compile thread
         self._batch_plans = enc.mesh is None  # a mesh balances a batch's frames over its devices instead
         self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
         self._thread.start()
@@ -147,17 +136,14 @@ class Batcher:
             total += n
         return batch, total >= self.budget
 
-    def _choose(self, batch: list[Job]) -> tuple[list[Job], bool]:
-        """What leaves now, and whether in a batch plan (else as `encode` plans it): the batch in its
-        ladder plan when that program is compiled, else in its batch plan when that one is (a
-        ladder plan that recurs is then considered for the compile thread), else (its batch plan
-        queued for the compile thread) its longest prefix whose batch plan is compiled, or the head
-        alone: the device does not wait for a new batch shape (an item alone waits for its own
-        program, as encode would)."""
+    def _compiled(self, batch: list[Job]) -> list[Job]:
+        """The batch if its program is compiled; else (its program queued for the compile thread)
+        its longest prefix whose program is, or the head alone: the device does not wait for a new
+        batch shape (an item alone waits for its own program, as encode would)."""
         enc, frames = self.enc, batch[0].patches.frames_per_patch
         sizes = np.cumsum([len(j.patches) for j in batch])
         if len(batch) < 2 or not self._batch_plans or sizes[-1] > enc.policy.max_patches:
-            return batch, True  # planned as encode plans it
+            return batch  # planned as encode plans it
         widest = np.maximum.accumulate([j.frame_class for j in batch])
         seen = set()
         for k in range(len(batch), 1, -1):
@@ -168,19 +154,13 @@ class Batcher:
             grid = np.concatenate([j.grid for j in batch[:k]])
             try:
                 buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
-                if k == len(batch):
-                    ladder = [p.bucket for p in enc.bucket_choice.plans(grid)]
             except ValueError:  # a bad item: _run tries the items alone and fails it alone
-                return batch, True
-            if k == len(batch) and all(enc.programs.ready(b, frames) for b in ladder):
-                return batch, False
+                return batch
             if all(enc.programs.ready(b, frames) for b in buckets):
-                if k == len(batch):
-                    self._recurs(tuple(ladder), tuple(buckets), frames)
-                return batch[:k], True
+                return batch[:k]
             if k == len(batch):
                 self._compile(buckets, frames)
-        return batch[:1], True
+        return batch[:1]
 
     def _compile(self, buckets: list, frames: int | None) -> None:
         """Compile these programs on the compile thread (once, however often asked)."""
@@ -189,29 +169,7 @@ class Batcher:
                 self._compiling.add((b, frames))
                 self._compiles.submit(self.enc.programs.get, b, frames).add_done_callback(_log_failure)
 
-    def _recurs(self, ladder: tuple, buckets: tuple, frames: int | None) -> None:
-        """A batch runs in its batch plan while its ladder plan's program is not compiled: the second
-        time, that ladder plan goes to the compile thread (`_consider`)."""
-        key = (ladder, frames)
-        if key in self._considered or len(self._considered) >= MAX_LADDER_PROGRAMS:
-            return
-        self._ladder_seen[key] += 1
-        if self._ladder_seen[key] < 2:
-            if len(self._ladder_seen) > 4 * MAX_LADDER_PROGRAMS:  # mostly mixes seen once: start over
-                self._ladder_seen.clear()
-            return
-        self._considered.add(key)
-        self._compiles.submit(self._consider, ladder, buckets, frames).add_done_callback(_log_failure)
-
-    def _consider(self, ladder: tuple, buckets: tuple, frames: int | None) -> None:
-        """(On the compile thread.) Compile a recurring ladder plan's programs if they compute
-        enough less than its batch plan's (cost.dot_flops of each program)."""
-        programs = self.enc.programs
-        if sum(map(programs.flops, ladder)) <= LADDER_GAIN * sum(map(programs.flops, buckets)):
-            for b in ladder:
-                programs.get(b, frames)
-
-    def _next_batch(self) -> tuple[list[Job], bool] | None:
+    def _next_batch(self) -> list[Job] | None:
         with self._cond:
             while True:
                 if not self._pending:
@@ -222,26 +180,26 @@ class Batcher:
                 batch, full = self._take()
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
-                    batch, batched = self._choose(batch)
+                    batch = self._compiled(batch)
                     for job in batch:
                         self._pending.remove(job)
-                    return batch, batched
+                    return batch
                 self._cond.wait(wait)
 
     def _loop(self) -> None:
-        while (taken := self._next_batch()) is not None:
-            batch = [j for j in taken[0] if j.future.set_running_or_notify_cancel()]
+        while (batch := self._next_batch()) is not None:
+            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
             if batch:
-                self._run(batch, taken[1])
+                self._run(batch)
 
-    def _run(self, batch: list[Job], batched: bool = True) -> None:
+    def _run(self, batch: list[Job]) -> None:
         m = self.metrics
         now = time.perf_counter()
         if m is not None:
             for job in batch:
                 m.stage.labels("queue").observe(job.waited + now - job.enqueued)
         try:
-            results = self._encode(batch, batched)
+            results = self._encode(batch)
         except Exception as e:  # noqa: BLE001 (any failure of the call: the items are tried alone)
             if len(batch) == 1:
                 batch[0].future.set_exception(e)
@@ -257,16 +215,16 @@ class Batcher:
         for job, r in zip(batch, results):
             job.future.set_result(r)
 
-    def _encode(self, batch: list[Job], batched: bool = True) -> list[Result]:
-        """One `enc.encode` call for the batch (in a batch plan if `batched`), split per job."""
+    def _encode(self, batch: list[Job]) -> list[Result]:
+        """One `enc.encode` call for the batch, split per job."""
         enc, m = self.enc, self.metrics
         grid = np.concatenate([j.grid for j in batch])  # [k, 3]
         patches = Patches.concatenate([j.patches for j in batch])  # [sum N, S, p, p, C]
         deepstack = any(j.deepstack for j in batch)
         t0 = time.perf_counter()
-        # A batch plan (several items, `batched`): its bucket follows the rung and the widest frame's
-        # class, not the mix of sizes, so random batches compile few programs; else as encode plans.
-        prepared = enc.prepare(patches, grid, batched=batched)
+        # A batch plan (several items): its bucket follows the rung and the widest frame's class,
+        # not the mix of sizes, so random batches compile few programs; one item runs as in encode.
+        prepared = enc.prepare(patches, grid, batched=True)
         buckets = prepared.buckets
         for b in buckets:  # compiled now if new (the call would compile it anyway)
             enc.programs.get(b, prepared.frames)
@@ -277,7 +235,6 @@ class Batcher:
             m.stage.labels("device").observe(time.perf_counter() - t0)
             rows = sum(b.patches for b in buckets)
             m.batch_items.observe(len(batch))
-            m.batch_calls.labels("alone" if len(batch) == 1 else "batch" if batched else "ladder").inc()
             m.batch_fill.observe(min(len(patches) / self.budget, 1.0))
             m.batch_padding.observe((rows - len(patches)) / rows if rows else 0.0)
         cuts = np.cumsum([len(j.patches) // enc.cfg.merge_unit for j in batch])[:-1]

@@ -8,8 +8,6 @@ in one process (tests, a Ray replica per device) never share counters.
     qvj_waiting_items{stage}               of those, waiting for a worker (prepare) or their batch (batch)
     qvj_batch_items / qvj_batch_fill       items per device call; its patches / the patch budget
     qvj_batch_padding                      padded rows / bucket rows of each device call
-    qvj_batch_calls_total{plan}            device calls by plan: batch (several items in a batch plan),
-                                           ladder (several, in the plan encode would choose), alone
     qvj_cache_total{result}                memory / disk / inflight hits, and misses
     qvj_cache_bytes                        bytes of embeddings the in-memory LRU holds (<= --cache-mb)
     qvj_stage_seconds{stage}               queue (admitted -> prepared or batched), prepare (in a worker),
@@ -49,9 +47,6 @@ class Metrics:
         )
         self.batch_padding = Histogram(
             "qvj_batch_padding", "Padded rows / bucket rows of a device call", buckets=FRACTION_BUCKETS, registry=r
-        )
-        self.batch_calls = Counter(
-            "qvj_batch_calls", "Device calls by plan: batch, ladder, alone", ["plan"], registry=r
         )
         self.cache = Counter(
             "qvj_cache", "Cache lookups: memory, disk, inflight hits and misses", ["result"], registry=r
