@@ -167,6 +167,9 @@ def test_compile_cache_flags(capsys, tmp_path, monkeypatch, jax_cache_settings):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "j"))  # JAX's own variable wins
     assert resolved() == str(tmp_path / "j")
     assert resolved("--compile-cache", tmp_path / "c") == str(tmp_path / "c")  # the flag over both
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    demo = parser.parse_args(["demo", "--cache-dir", str(tmp_path / "d")])
+    assert compile_cache_dir(demo, demo.cache_dir) == str(tmp_path / "d" / "jax")  # demo keeps all under it
     import jax
 
     assert resolved("--no-compile-cache") is None and jax.config.jax_enable_compilation_cache is False

@@ -53,17 +53,19 @@ def add_compile_cache(p) -> None:
     g.add_argument("--no-compile-cache", action="store_true", help="compile every program, keep none")
 
 
-def compile_cache_dir(args) -> str | None:
+def compile_cache_dir(args, root: str | os.PathLike | None = None) -> str | None:
     """The persistent compilation cache of a command: on by default, so that a second run of the same
     command compiles nothing (it loads its programs). --compile-cache DIR, else JAX's own
-    $JAX_COMPILATION_CACHE_DIR, else `default_cache_dir()`/jax; None with --no-compile-cache (then
-    JAX's cache is switched off for this process, $JAX_COMPILATION_CACHE_DIR included)."""
+    $JAX_COMPILATION_CACHE_DIR, else `root`/jax (a command's own cache folder, `demo --cache-dir`),
+    else `default_cache_dir()`/jax; None with --no-compile-cache (then JAX's cache is switched off for
+    this process, $JAX_COMPILATION_CACHE_DIR included)."""
     if args.no_compile_cache:
         import jax
 
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    return args.compile_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(default_cache_dir() / "jax")
+    root = pathlib.Path(root) if root is not None else default_cache_dir()
+    return args.compile_cache or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(root / "jax")
 
 
 def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:

@@ -180,7 +180,8 @@ def cmd_demo(args) -> int:
     from qwen_vit_jax.tools.demo import run_demo
 
     t0 = time.perf_counter()
-    run_demo(args.size, args.cache_dir, args.out, variant=args.variant, compile_cache=compile_cache_dir(args))
+    compile_cache = compile_cache_dir(args, args.cache_dir)  # everything under --cache-dir when given
+    run_demo(args.size, args.cache_dir, args.out, variant=args.variant, compile_cache=compile_cache)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -311,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help="where checkpoints are kept (default $QWEN_VIT_JAX_CACHE, else ~/.cache/qwen_vit_jax)",
+        help="where checkpoints and (without --compile-cache) compiled programs are kept "
+        "(default $QWEN_VIT_JAX_CACHE, else ~/.cache/qwen_vit_jax)",
     )
     add_compile_cache(p)
     p.set_defaults(func=cmd_demo)
