@@ -22,12 +22,11 @@ a bounded number of programs (plan/choice.py); an item's embedding is what `enco
 within padding invariance. An item alone runs as `encode` runs it: bit for bit what it gives
 alone (its declared size's tight buckets too). An item larger than the budget runs alone.
 
-A batch whose own shape (rows rung, frame class) has no program runs in a compiled shape at most one
-rung and one class larger when there is one: more padding, no compile. Else the device does not
-wait for it: its program compiles on a thread of its own while the batch's longest prefix with a
-compiled shape runs (else its head alone, whose own program is compiled as `encode` would compile
-it), and the rest waits for the next batch. So a server compiles only the shapes that no compiled
-one near above covers.
+The device does not wait for a new batch shape (rows rung, frame class): its program compiles on a
+thread of its own, and meanwhile the batch runs in a compiled shape at most a rung and a class
+larger (more padding), else its longest prefix with a compiled shape runs, else its head alone
+(whose own program is compiled as `encode` would compile it), and the rest waits for the next
+batch.
 
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
@@ -140,12 +139,12 @@ class Batcher:
         return batch, total >= self.budget
 
     def _compiled(self, batch: list[Job]) -> tuple[list[Job], tuple[int, int]]:
-        """What leaves now, and the (rows, frame class) of its batch plan ((0, 0): as encode plans). The
-        batch if its program is compiled, in its own shape or else in one at most a rung and a
-        class larger (`_larger`). Else its own shape goes to the compile thread and
-        the batch's longest prefix that has a compiled shape leaves, or the head alone: the device
-        does not wait for a new batch shape (an item alone waits for its own program, as encode
-        would)."""
+        """What leaves now, and the (rows, frame class) of its batch plan ((0, 0): as encode plans).
+        The batch in its own shape if that has a program; else its own shape goes to the compile
+        thread, and meanwhile the batch runs in a shape at most a rung and a class larger
+        (`_larger`) that has one, else its longest prefix that has one (in either), else the head
+        alone: the device does not wait for a new batch shape (an item alone waits for its own
+        program, as encode would)."""
         enc, frames = self.enc, batch[0].patches.frames_per_patch
         sizes = np.cumsum([len(j.patches) for j in batch])
         if len(batch) < 2 or not self._batch_plans or sizes[-1] > enc.policy.max_patches:
@@ -166,15 +165,13 @@ class Batcher:
                 if all(enc.programs.ready(b, frames) for b in buckets):
                     return batch[:k], shape
                 if k == len(batch) and shape == own:
-                    mine = buckets
-            if k == len(batch):
-                self._compile(mine, frames)
+                    self._compile(buckets, frames)
         return batch[:1], (0, 0)
 
     def _larger(self, shape: tuple[int, int]) -> list[tuple[int, int]]:
         """The shapes one rung and / or one frame class above `shape`, cheapest first (rows x key
-        rows): a batch planned in one pads its rows by at most 1.5x and widens its key window by
-        one class step, and spares the compile of a shape of its own."""
+        rows): a batch planned in one while its own compiles pads its rows by at most 1.5x and
+        widens its key window by one class step."""
         policy, (rows, cls) = self.enc.policy, shape
         up_rows = [batch_rows(rows + 1, policy)] if rows < policy.max_patches else []
         shapes = [(r, c) for r in [rows, *up_rows] for c in (cls, frame_class(cls + 1))][1:]
