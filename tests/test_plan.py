@@ -590,24 +590,6 @@ def test_batch_plan_values():
         make_batch_plan([[1, 128, 130]], QWEN2_5_VL_3B)
 
 
-def test_batch_plan_in_a_larger_shape():
-    """A batch planned in a larger rows rung and frame class (a compiled shape a server reuses):
-    that bucket's rows and key window, one tile per block, the same rows, ids and segments."""
-    grid = [[1, 16, 20], [1, 8, 8], [1, 12, 12]]  # 528 rows, widest frame 320 rows
-    own = make_batch_plan(grid, QWEN2_5_VL_3B)
-    assert (own.bucket.patches, frame_class(320)) == (768, 384)
-    big = make_batch_plan(grid, QWEN2_5_VL_3B, rows=1024, frame_rows=512)
-    bk = big.bucket
-    assert bk.patches == 1024 and bk.key_rows == batch_key_rows(1024, bk.block, 512) and bk.tiles == 1024 // bk.block
-    n = own.n_patches
-    np.testing.assert_array_equal(big.pos_ids[:n], own.pos_ids[:n])
-    np.testing.assert_array_equal(big.segment_ids[:n], own.segment_ids[:n])
-    assert (big.segment_ids[n:] == -1).all()
-    for rows, frame_rows in [(512, 0), (1000, 0), (0, 256), (0, 500)]:  # smaller than its own, or off the ladders
-        with pytest.raises(ValueError, match="rows must be"):
-            make_batch_plan(grid, QWEN2_5_VL_3B, rows=rows, frame_rows=frame_rows)
-
-
 @pytest.mark.parametrize("cfg", [QWEN2_5_VL_3B, QWEN2_VL_2B], ids=["qwen2.5-vl-3b", "qwen2-vl-2b"])
 def test_random_batches_compile_few_programs(cfg):
     """300 random batches of 2-32 images (the 30-size STREAM): a batch plan's bucket is a function

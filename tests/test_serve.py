@@ -242,39 +242,6 @@ def test_a_new_batch_shape_compiles_off_the_device_thread(tiny_encoder):
     assert m.registry.get_sample_value("qvj_batch_items_count") == calls + 1
 
 
-def test_a_batch_runs_in_a_compiled_larger_shape(tiny_encoder):
-    """Three items whose own batch shape has no program, where four of their size have one (the
-    next rung): the three leave together in that shape while their own compiles on the compile
-    thread, each within the padding bar of encode_images."""
-    from qwen_vit_jax.plan import batch_rows
-    from qwen_vit_jax.preprocess.images import image_preprocessor
-    from qwen_vit_jax.serve.batcher import Batcher, Job
-    from qwen_vit_jax.serve.metrics import Metrics
-
-    enc, m = tiny_encoder, Metrics()
-    prep = image_preprocessor(enc.cfg.variant)
-    ims = [make_image(448, 224, seed=90 + i) for i in range(3)]  # 32 x 16 patches: 512 rows each
-    items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
-    three = np.concatenate([g for _, g in items])
-    rung = batch_rows(3 * len(items[0][0]), enc.policy)
-    (own,) = enc.bucket_choice.batch_plans(three)
-    (four,) = enc.bucket_choice.batch_plans(np.concatenate([three, three[:1]]))
-    assert four.bucket.patches == batch_rows(rung + 1, enc.policy) > own.bucket.patches == rung
-    assert not enc.programs.ready(own.bucket, 1)
-    enc.programs.get(four.bucket, 1)
-    b = Batcher(enc, budget=16384, max_wait_s=0.5, metrics=m)
-    jobs = [b.submit(Job(px, g, np.zeros(0))) for px, g in items]
-    got = [job.future.result(timeout=300).embedding for job in jobs]
-    deadline = time.monotonic() + 300
-    while not enc.programs.ready(own.bucket, 1):  # their own shape, for the next such batch
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    b.close()
-    assert m.registry.get_sample_value("qvj_batch_items_count") == 1  # one call for the three
-    for g, want in zip(got, enc.encode_images(ims)):
-        assert rel_err(g, want) <= 1e-6
-
-
 def test_cache_hits_and_in_flight_dedup(tiny_dirs, tiny_encoder, pngs, tmp_path):
     """Identical items in flight together are encoded once; a repeat comes from memory; a new
     server with the same --cache DIR reads it from disk (the CLI's format)."""

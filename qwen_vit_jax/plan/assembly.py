@@ -137,9 +137,7 @@ def _cached_plans(grid: tuple, cfg: VisionConfig, policy: BucketPolicy) -> tuple
     return tuple(plans)
 
 
-def make_batch_plan(
-    grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None, rows: int = 0, frame_rows: int = 0
-) -> Plan:
+def make_batch_plan(grid_thw, cfg: VisionConfig, policy: BucketPolicy | None = None) -> Plan:
     """The plan of a batch of independent items (a service's batch) in a bounded set of shapes.
 
     A ladder plan's K and T follow the mix of frame sizes, so batches of random mixes compile
@@ -149,24 +147,13 @@ def make_batch_plan(
     each block's frames fit one key window, so T = N_pad / B. Results agree with any other
     bucket's within padding invariance. Not cached (a batch's grid rarely recurs); never split:
     N <= max_patches.
-
-    rows, frame_rows (0: the batch's own): a larger `batch_rows` rung and frame class to plan it in,
-    so that a batch can run in the bucket of a larger one (whose program is compiled).
     """
     policy = policy or BucketPolicy()
     key = as_grid(grid_thw, cfg).key
     n_pad = batch_rows(sum(t * h * w for t, h, w in key), policy)
-    widest = frame_class(max(h * w for _, h, w in key))
-    if rows:
-        if rows < n_pad or batch_rows(rows, policy) != rows:
-            raise ValueError(f"rows must be a batch_rows rung >= {n_pad} (this batch's), got {rows}")
-        n_pad = rows
-    if frame_rows:
-        if frame_rows < widest or frame_class(frame_rows) != frame_rows:
-            raise ValueError(f"frame_rows must be a frame class >= {widest} (this batch's), got {frame_rows}")
-        widest = frame_rows
     block = policy.block_size(n_pad)
-    return build_plan(key, cfg, policy, n_pad, block, batch_key_rows(n_pad, block, widest))
+    widest = max(h * w for _, h, w in key)
+    return build_plan(key, cfg, policy, n_pad, block, batch_key_rows(n_pad, block, frame_class(widest)))
 
 
 def build_plan(

@@ -114,15 +114,14 @@ class BucketChoice:
             for p, k in zip(plans, keys)
         ]
 
-    def batch_plans(self, grid_thw, rows: int = 0, frame_rows: int = 0) -> list[Plan]:
+    def batch_plans(self, grid_thw) -> list[Plan]:
         """The plans of a batch whose grid rows are independent items: one batch plan
-        (`make_batch_plan`, in the larger rows rung and frame class given) when it holds several
-        items within max_patches rows and is not a declared size, else `plans(grid)` (so an item
-        alone runs as it would in `encode`)."""
+        (`make_batch_plan`) when it holds several items within max_patches rows and is not a
+        declared size, else `plans(grid)` (so an item alone runs as it would in `encode`)."""
         grid = as_grid(grid_thw, self.cfg)
         if len(grid.key) == 1 or grid.patches > self.policy.max_patches or self.is_declared(grid):
             return self.plans(grid)
-        return [make_batch_plan(grid, self.cfg, self.policy, rows, frame_rows)]
+        return [make_batch_plan(grid, self.cfg, self.policy)]
 
     def count(self, grid_thw) -> None:
         """One more encode of this grid (for tight_after; nothing without it)."""

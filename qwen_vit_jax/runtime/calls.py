@@ -62,15 +62,14 @@ def prepare(
     grid_thw,
     check_finite: bool = True,
     batched: bool = False,
-    pad_to: tuple[int, int] = (0, 0),
 ) -> Prepared:
-    """Plan a request (one device: `choice.plans`, or `choice.batch_plans` when `batched`, in the
-    (rows, frame class) `pad_to` when given; a mesh: `devices.plan_steps` with choice's policy),
-    check its pixels once (runtime/pixels.py) and pad them to every call's bucket."""
+    """Plan a request (one device: `choice.plans`, or `choice.batch_plans` when `batched`; a mesh:
+    `devices.plan_steps` with choice's policy), check its pixels once (runtime/pixels.py) and pad
+    them to every call's bucket."""
     grid = planlib.as_grid(grid_thw, programs.cfg)  # validated once: every step below takes the Grid
     dtype = dtype_named(programs.dtype)
     if programs.mesh is None:
-        plans = choice.batch_plans(grid, *pad_to) if batched else choice.plans(grid)
+        plans = choice.batch_plans(grid) if batched else choice.plans(grid)
         px = checked_pixels(pixel_values, grid, programs.cfg, check_finite)
         return Prepared(grid=grid, calls=[(p.pad_rows(px, dtype), p) for p in plans], frames=_frames(px))
     steps = devlib.plan_steps(grid, programs.cfg, choice.policy, len(programs.devices))

@@ -163,19 +163,10 @@ class VisionEncoder:
         """
         return self.run(self.prepare(pixel_values, grid_thw, check_finite=check_finite), return_deepstack)
 
-    def prepare(
-        self,
-        pixel_values,
-        grid_thw,
-        *,
-        check_finite: bool = True,
-        batched: bool = False,
-        pad_to: tuple[int, int] = (0, 0),
-    ) -> calls.Prepared:
+    def prepare(self, pixel_values, grid_thw, *, check_finite: bool = True, batched: bool = False) -> calls.Prepared:
         """The host half of `encode`: plan, check the pixels once, pad them to each call's bucket.
-        `batched`: the grid's rows are items packed by a caller, run in a batch plan (plan/choice.py);
-        `pad_to`: that plan's (rows, frame class) if larger than its own (`plan.make_batch_plan`)."""
-        return calls.prepare(self.programs, self.bucket_choice, pixel_values, grid_thw, check_finite, batched, pad_to)
+        `batched`: the grid's rows are items packed by a caller, run in a batch plan (plan/choice.py)."""
+        return calls.prepare(self.programs, self.bucket_choice, pixel_values, grid_thw, check_finite, batched)
 
     def run(self, prepared: calls.Prepared, return_deepstack: bool = False):
         """The device half of `encode`: one transfer, every program call, the rows in request order."""

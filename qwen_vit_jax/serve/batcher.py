@@ -22,11 +22,9 @@ a bounded number of programs (plan/choice.py); an item's embedding is what `enco
 within padding invariance. An item alone runs as `encode` runs it: bit for bit what it gives
 alone (its declared size's tight buckets too). An item larger than the budget runs alone.
 
-The device does not wait for a new batch shape (rows rung, frame class): its program compiles on a
-thread of its own, and meanwhile the batch runs in a compiled shape at most a rung and a class
-larger (more padding), else its longest prefix with a compiled shape runs, else its head alone
-(whose own program is compiled as `encode` would compile it), and the rest waits for the next
-batch.
+The device does not wait for a new batch shape: its program compiles on a thread of its own while
+the batch's longest prefix with a compiled program runs (else its head alone, whose own program
+is compiled as `encode` would compile it), and the rest waits for the next batch.
 
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
@@ -44,7 +42,7 @@ import time
 
 import numpy as np
 
-from qwen_vit_jax.plan import Patches, batch_key_rows, batch_rows, frame_class
+from qwen_vit_jax.plan import Patches, batch_rows, frame_class
 from qwen_vit_jax.serve.cache import Result
 
 log = logging.getLogger("qwen_vit_jax.serve")
@@ -138,44 +136,31 @@ class Batcher:
             total += n
         return batch, total >= self.budget
 
-    def _compiled(self, batch: list[Job]) -> tuple[list[Job], tuple[int, int]]:
-        """What leaves now, and the (rows, frame class) of its batch plan ((0, 0): as encode plans).
-        The batch in its own shape if that has a program; else its own shape goes to the compile
-        thread, and meanwhile the batch runs in a shape at most a rung and a class larger
-        (`_larger`) that has one, else its longest prefix that has one (in either), else the head
-        alone: the device does not wait for a new batch shape (an item alone waits for its own
-        program, as encode would)."""
+    def _compiled(self, batch: list[Job]) -> list[Job]:
+        """The batch if its program is compiled; else (its program queued for the compile thread)
+        its longest prefix whose program is, or the head alone: the device does not wait for a new
+        batch shape (an item alone waits for its own program, as encode would)."""
         enc, frames = self.enc, batch[0].patches.frames_per_patch
         sizes = np.cumsum([len(j.patches) for j in batch])
         if len(batch) < 2 or not self._batch_plans or sizes[-1] > enc.policy.max_patches:
-            return batch, (0, 0)  # planned as encode plans it
+            return batch  # planned as encode plans it
         widest = np.maximum.accumulate([j.frame_class for j in batch])
         seen = set()
         for k in range(len(batch), 1, -1):
-            own = (batch_rows(int(sizes[k - 1]), enc.policy), int(widest[k - 1]))
+            shape = (batch_rows(int(sizes[k - 1]), enc.policy), int(widest[k - 1]))
+            if shape in seen:
+                continue
+            seen.add(shape)
             grid = np.concatenate([j.grid for j in batch[:k]])
-            for shape in [own, *self._larger(own)]:
-                if shape in seen:
-                    continue
-                seen.add(shape)
-                try:
-                    buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid, *shape)]
-                except ValueError:  # a bad item: _run tries the items alone and fails it alone
-                    return batch, (0, 0)
-                if all(enc.programs.ready(b, frames) for b in buckets):
-                    return batch[:k], shape
-                if k == len(batch) and shape == own:
-                    self._compile(buckets, frames)
-        return batch[:1], (0, 0)
-
-    def _larger(self, shape: tuple[int, int]) -> list[tuple[int, int]]:
-        """The shapes one rung and / or one frame class above `shape`, cheapest first (rows x key
-        rows): a batch planned in one while its own compiles pads its rows by at most 1.5x and
-        widens its key window by one class step."""
-        policy, (rows, cls) = self.enc.policy, shape
-        up_rows = [batch_rows(rows + 1, policy)] if rows < policy.max_patches else []
-        shapes = [(r, c) for r in [rows, *up_rows] for c in (cls, frame_class(cls + 1))][1:]
-        return sorted(shapes, key=lambda rc: rc[0] * batch_key_rows(rc[0], policy.block_size(rc[0]), rc[1]))
+            try:
+                buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
+            except ValueError:  # a bad item: _run tries the items alone and fails it alone
+                return batch
+            if all(enc.programs.ready(b, frames) for b in buckets):
+                return batch[:k]
+            if k == len(batch):
+                self._compile(buckets, frames)
+        return batch[:1]
 
     def _compile(self, buckets: list, frames: int | None) -> None:
         """Compile these programs on the compile thread (once, however often asked)."""
@@ -184,7 +169,7 @@ class Batcher:
                 self._compiling.add((b, frames))
                 self._compiles.submit(self.enc.programs.get, b, frames).add_done_callback(_log_failure)
 
-    def _next_batch(self) -> tuple[list[Job], tuple[int, int]] | None:
+    def _next_batch(self) -> list[Job] | None:
         with self._cond:
             while True:
                 if not self._pending:
@@ -195,26 +180,26 @@ class Batcher:
                 batch, full = self._take()
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
-                    batch, shape = self._compiled(batch)
+                    batch = self._compiled(batch)
                     for job in batch:
                         self._pending.remove(job)
-                    return batch, shape
+                    return batch
                 self._cond.wait(wait)
 
     def _loop(self) -> None:
-        while (taken := self._next_batch()) is not None:
-            batch = [j for j in taken[0] if j.future.set_running_or_notify_cancel()]
+        while (batch := self._next_batch()) is not None:
+            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
             if batch:
-                self._run(batch, taken[1])  # a shape holds any part of its batch too
+                self._run(batch)
 
-    def _run(self, batch: list[Job], shape: tuple[int, int] = (0, 0)) -> None:
+    def _run(self, batch: list[Job]) -> None:
         m = self.metrics
         now = time.perf_counter()
         if m is not None:
             for job in batch:
                 m.stage.labels("queue").observe(job.waited + now - job.enqueued)
         try:
-            results = self._encode(batch, shape)
+            results = self._encode(batch)
         except Exception as e:  # noqa: BLE001 (any failure of the call: the items are tried alone)
             if len(batch) == 1:
                 batch[0].future.set_exception(e)
@@ -230,9 +215,8 @@ class Batcher:
         for job, r in zip(batch, results):
             job.future.set_result(r)
 
-    def _encode(self, batch: list[Job], shape: tuple[int, int] = (0, 0)) -> list[Result]:
-        """One `enc.encode` call for the batch (its batch plan in `shape`, see `_compiled`), split
-        per job."""
+    def _encode(self, batch: list[Job]) -> list[Result]:
+        """One `enc.encode` call for the batch, split per job."""
         enc, m = self.enc, self.metrics
         grid = np.concatenate([j.grid for j in batch])  # [k, 3]
         patches = Patches.concatenate([j.patches for j in batch])  # [sum N, S, p, p, C]
@@ -240,7 +224,7 @@ class Batcher:
         t0 = time.perf_counter()
         # A batch plan (several items): its bucket follows the rung and the widest frame's class,
         # not the mix of sizes, so random batches compile few programs; one item runs as in encode.
-        prepared = enc.prepare(patches, grid, batched=True, pad_to=shape)
+        prepared = enc.prepare(patches, grid, batched=True)
         buckets = prepared.buckets
         for b in buckets:  # compiled now if new (the call would compile it anyway)
             enc.programs.get(b, prepared.frames)
