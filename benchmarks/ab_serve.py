@@ -34,8 +34,6 @@ def imported_from(tree, environ: dict) -> pathlib.Path:
 
 
 def saturation(ckpt: str, tree, environ: dict, label: str) -> float:
-    if imported_from(tree, environ) != pathlib.Path(tree).resolve():
-        raise RuntimeError(f"{label}: a server would import {imported_from(tree, environ)}, not {tree}")
     warm, sat = images("warmup", 300), images("saturation", 300)
     server = st.Server(ckpt, "--workers", 1, "--max-queue", 32, log=WORK / f"ab_{label}.log", env=environ, cwd=tree)
     with server:
@@ -60,6 +58,9 @@ def main():
     WORK.mkdir(parents=True, exist_ok=True)
     ckpt = checkpoint_worker({"model": "tiny"})["path"]
     trees = {args.rev: worktree(args.rev), "working tree": ROOT}
+    for label, tree in trees.items():  # once per tree: the environment only differs by the cache folder
+        if (found := imported_from(tree, rev_env(tree, env()))) != pathlib.Path(tree).resolve():
+            raise RuntimeError(f"{label}: a server would import {found}, not {tree}")
     rates: dict[str, list[float]] = {k: [] for k in trees}
     for r in range(args.rounds):
         for label, tree in trees.items():
