@@ -125,7 +125,7 @@ def test_device_arguments(tiny_dirs):
     with pytest.raises(ValueError, match="twice"):
         VisionEncoder.from_pretrained(tiny_dirs[1], devices=[jax.devices()[0]] * 2)
     one = VisionEncoder.from_pretrained(tiny_dirs[1], devices=jax.devices()[:1])
-    assert one.mesh is None and one.device == jax.devices()[0]  # one device: the single-device path
+    assert one.mesh.devices.size == 1 and one.device == jax.devices()[0]  # one device: a mesh of one
 
 
 def test_four_host_devices_match_one(tiny_dirs):

@@ -151,11 +151,26 @@ def test_not_an_embeddings_file(tmp_path):
         qvj.read_embeddings(tmp_path / "y.npz")
 
 
-def test_pack():
-    assert list(batching.pack([64, 80, 256, 88, 16, 60], 160, int)) == [[64, 80], [256], [88, 16], [60]]
-    assert list(batching.pack([], 10, int)) == []
+def test_one_grouping_rule():
+    """runtime/batching.Grouping: packs in order by budget (a larger item alone) and pixel form; a
+    queue's call passes over items of another form or (batch plans) a frame class over 4x apart."""
+    from qwen_vit_jax.runtime.batching import Grouping, Shape
+
+    def img(rows, widest=64, form=("a",)):
+        return Shape(rows, form, widest)
+
+    rows = [img(64), img(80), img(256), img(88), img(16), img(60)]
+    assert [[s.rows for s in b] for b in Grouping(160).pack(rows, lambda s: s)] == [[64, 80], [256], [88, 16], [60]]
+    assert list(Grouping(10).pack([], lambda s: s)) == []
+    forms = [img(8), img(8, form=("b",)), img(8)]
+    assert [len(b) for b in Grouping(100).pack(forms, lambda s: s)] == [1, 1, 1]  # another form: a new call
+    queue = [img(64, 1024), img(64, 64), img(64, 256), img(64, 1024, ("b",)), img(64, 1024), img(64, 1024)]
+    batch, full = Grouping(192, batched=True).take(queue, lambda s: s)
+    assert batch == [queue[0], queue[2], queue[4]] and full  # 64 is 16x below 1024; the next one does not fit
+    batch, full = Grouping(1000).take(queue, lambda s: s)
+    assert batch == [q for q in queue if q.form == ("a",)] and not full  # ladder plans: any frame classes
     with pytest.raises(ValueError, match="positive"):
-        list(batching.pack([1], 0, int))
+        Grouping(0)
 
 
 def test_split_even():

@@ -28,8 +28,9 @@ def test_prepare_then_run_is_encode(tiny_encoder):
     enc, px = tiny_encoder, _pixels(GRID)
     prepared = enc.prepare(px, GRID)  # host only: plans, checked and padded pixels
     assert prepared.buckets == [p.bucket for p in enc.bucket_choice.plans(GRID)]
-    assert prepared.frames is None and prepared.steps is None
-    assert [x.shape for x in prepared.pixels] == [(b.patches, TINY.patch_dim) for b in prepared.buckets]
+    assert prepared.frames is None and len(prepared.steps) == len(prepared.buckets) and prepared.items is None
+    # one device is a mesh of one: every input has a leading [1] axis
+    assert [x.shape for x in prepared.pixels] == [(1, b.patches, TINY.patch_dim) for b in prepared.buckets]
     assert np.array_equal(enc.run(prepared), enc.encode(px, GRID))
     with pytest.raises(ValueError, match="rows but grid_thw implies"):
         enc.prepare(px[:-4], GRID)
@@ -44,8 +45,8 @@ def test_programs_compile_once_and_report_their_cost(tiny_encoder):
     assert programs.flops(bucket) * len(programs.devices) == tiny_encoder.cost_report(GRID)["compiled_flops"]
     assert programs.memory(bucket).temp_size_in_bytes == tiny_encoder.cost_report(GRID)["temp_bytes"]
     tokens, features = program(programs.state, *tiny_encoder.prepare(_pixels(GRID), GRID).calls[0])
-    assert tokens.shape == (bucket.patches // TINY.merge_unit, TINY.out_dim) and features == []
-    assert programs.dtype == tiny_encoder.dtype == "float32" and programs.mesh is None
+    assert tokens.shape == (1, bucket.patches // TINY.merge_unit, TINY.out_dim) and features == []
+    assert programs.dtype == tiny_encoder.dtype == "float32" and programs.mesh.devices.size == 1
 
 
 def test_bucket_choice_ladder_declared_and_tight_after():

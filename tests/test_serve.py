@@ -87,9 +87,7 @@ def compile_batch_shape(enc, ims) -> None:
     from qwen_vit_jax.preprocess.images import image_preprocessor
 
     prep = image_preprocessor(enc.cfg.variant)
-    grid = np.concatenate([prep([im], config=enc.preprocess, uint8=True)[1] for im in ims])
-    for plan in enc.bucket_choice.batch_plans(grid):
-        enc.programs.get(plan.bucket, 1)
+    enc.compile(enc.prepare_batch([prep([im], config=enc.preprocess, uint8=True) for im in ims]))
 
 
 def metric(app, name: str, **labels) -> float:
@@ -223,15 +221,15 @@ def test_a_new_batch_shape_compiles_off_the_device_thread(tiny_encoder):
     prep = image_preprocessor(enc.cfg.variant)
     ims = [make_image(392, 280 + 28 * (i % 3), seed=60 + i) for i in range(6)]  # 28 x 20..24 patches: one class
     items = [prep([im], config=enc.preprocess, uint8=True) for im in ims]
-    (plan,) = enc.bucket_choice.batch_plans(np.concatenate([g for _, g in items[:3]]))
-    assert not enc.programs.ready(plan.bucket, 1)
+    batch = enc.prepare_batch(items[:3])
+    assert not enc.ready(batch)
     b = Batcher(enc, budget=16384, max_wait_s=0.2, metrics=m)
     first = [b.submit(Job(px, g, np.zeros(0))) for px, g in items[:3]]
     for job in first:
         job.future.result(timeout=300)
     assert m.registry.get_sample_value("qvj_batch_items_bucket", {"le": "1.0"}) >= 1  # the head, alone
     deadline = time.monotonic() + 300
-    while not enc.programs.ready(plan.bucket, 1):
+    while not enc.ready(batch):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     calls = m.registry.get_sample_value("qvj_batch_items_count")

@@ -7,6 +7,7 @@ that prepares the inputs (`qvj.data.load`). Read in this order:
                    datasets, globs; reading a record's bytes in a worker.
   pipeline.py      the Grain pipeline: read -> decode -> resize -> uint8 patches in worker
                    processes, in input order (`load`, `Loader`, `Item`), each item's sha256.
+  workers.py       how many worker processes by default (encode and serve alike).
   stream.py        a progress bar; counts in words.
   embeddings.py    the embeddings file (safetensors / npz / parquet) and its sharded form (one per
                    process).
@@ -29,7 +30,7 @@ _EXPORTS = {
     "Loader": "pipeline",
     "Item": "pipeline",
     "WorkerError": "pipeline",
-    "default_workers": "pipeline",
+    "default_workers": "workers",
     "find_inputs": "inputs",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,16 +1,21 @@
-"""The content-hash cache of `qwen-vit-jax encode --cache DIR`: an input whose bytes this checkpoint,
-dtype and preprocessing have encoded before is read back instead of encoded.
+"""The content-hash cache of `qwen-vit-jax encode --cache DIR` and `qwen-vit-jax serve --cache DIR`:
+an input whose bytes this checkpoint, dtype and preprocessing have encoded before is read back
+instead of encoded.
 
-    DIR/<run fingerprint[:24]>/<sha256[:2]>/<sha256>.safetensors
+    DIR/<settings fingerprint[:24]>/<sha256[:2]>/<sha256>.safetensors
 
-The run fingerprint is the sha256 of the checkpoint's files (every config and weights file of its
-directory, by content), the dtype and both preprocessing settings: a fine-tuned or re-converted
-checkpoint, another dtype or other pixel bounds never share entries. An entry holds the input's
-`embedding` float32 [tokens, D], `grid_thw` [3] and `timestamps` [t], and in its header the sha256
-of those three arrays' bytes: an entry that does not parse, or whose arrays do not hash to it
-(a torn write, a flipped bit), is reported corrupt, removed and recomputed, never returned.
-Entries are written atomically (a temporary sibling renamed into place), without an fsync each:
-an entry a power cut tears fails its checksum and is recomputed. No jax here.
+The key of an entry is its bytes' sha256 plus a settings fingerprint (`fingerprint`, the one
+recipe both commands use): the sha256 of the checkpoint's files (every config and weights file of
+its directory, by content), the dtype, the item's kind (image or video) and that kind's
+preprocessing as the preparation actually ran (pixel bounds, a video's sampling: fps / num_frames
+/ max_frames, the tower variant's resize rule; an image's --fast-decode). A fine-tuned or
+re-converted checkpoint, another dtype, other pixel bounds or another sampling never share
+entries, and the same bytes sent as an image and as a video are two entries. An entry holds the
+input's `embedding` float32 [tokens, D], `grid_thw` [3] and `timestamps` [t], and in its header
+the sha256 of those three arrays' bytes: an entry that does not parse, or whose arrays do not
+hash to it (a torn write, a flipped bit), is reported corrupt, removed and recomputed, never
+returned. Entries are written atomically (a temporary sibling renamed into place), without an
+fsync each: an entry a power cut tears fails its checksum and is recomputed. No jax here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
 
 import numpy as np
 
@@ -39,13 +45,36 @@ def checkpoint_fingerprint(directory: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def run_fingerprint(checkpoint: str, dtype: str, preprocess: dict, video_preprocess: dict) -> str:
-    doc = {"checkpoint": checkpoint, "dtype": dtype, "preprocess": preprocess, "video_preprocess": video_preprocess}
+KINDS = ("image", "video")
+
+
+def fingerprint(weights: str, dtype: str, preprocessing, kind: str, fast_decode: bool = False) -> str:
+    """The settings part of an entry's key: what an item's embedding depends on besides its bytes.
+
+    Args:
+      weights: the checkpoint's `checkpoint_fingerprint`.
+      dtype: the compute dtype's name.
+      preprocessing: the `Preprocessing` the item was prepared with (a request's fps / num_frames
+        applied: `Preprocessing.with_limits`).
+      kind: "image" or "video": which of its settings apply.
+      fast_decode: images decoded at a reduced JPEG scale (`encode --fast-decode`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    settings = preprocessing.image if kind == "image" else preprocessing.video
+    doc = {
+        "checkpoint": weights,
+        "dtype": dtype,
+        "kind": kind,
+        "variant": preprocessing.variant,
+        "preprocess": settings.to_dict(),
+        "fast_decode": bool(fast_decode) and kind == "image",
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 class EmbeddingCache:
-    """Entries of one run fingerprint under `root`. hits / misses / corrupt count this process's
+    """Entries of one settings fingerprint under `root`. hits / misses / corrupt count this process's
     lookups."""
 
     def __init__(self, root: str | os.PathLike, fingerprint: str):
@@ -102,3 +131,31 @@ def _checksum(*arrays: np.ndarray) -> str:
         h.update(f"{a.dtype}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
+
+
+class ContentCache:
+    """Every entry under `root` of one checkpoint and dtype: one `EmbeddingCache` per settings
+    fingerprint met (an item's kind and preprocessing: `fingerprint`). `key(kind, preprocessing)`
+    is the fingerprint an item lives under; get / put take it with the bytes' sha256. Thread-safe."""
+
+    def __init__(self, root: str | os.PathLike, weights: str, dtype: str, fast_decode: bool = False):
+        self.root, self.weights, self.dtype, self.fast_decode = root, weights, dtype, fast_decode
+        self._caches: dict[str, EmbeddingCache] = {}
+        self._lock = threading.Lock()
+
+    def key(self, kind: str, preprocessing) -> str:
+        return fingerprint(self.weights, self.dtype, preprocessing, kind, self.fast_decode)
+
+    def _cache(self, key: str) -> EmbeddingCache:
+        with self._lock:
+            c = self._caches.get(key)
+            if c is None:
+                c = self._caches[key] = EmbeddingCache(self.root, key)
+            return c
+
+    def get(self, key: str, digest: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(grid [3], embedding [tokens, D], timestamps [t]) of the entry, or None."""
+        return self._cache(key).get(digest)
+
+    def put(self, key: str, digest: str, grid, embedding: np.ndarray, timestamps: np.ndarray) -> None:
+        self._cache(key).put(digest, grid, embedding, timestamps)

@@ -371,3 +371,19 @@ def _atomic(path: pathlib.Path, write) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def run_metadata(checkpoint: str, dtype: str, preprocessing, **extra) -> dict:
+    """An embeddings file's metadata, for `encode`'s files and the service's safetensors answers
+    alike: the format and version, the checkpoint as the writer names it, the dtype, both
+    preprocessing settings as the items were prepared (a `Preprocessing`; what --resume checks,
+    sinks.RESUME_KEYS) and `extra` entries (the service: each item's sha256)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "checkpoint": checkpoint,
+        "dtype": dtype,
+        "preprocess": preprocessing.image.to_dict(),
+        "video_preprocess": preprocessing.video.to_dict(),
+        **extra,
+    }

@@ -5,8 +5,9 @@ progress (a callback), periodic saves, resuming and skipping unreadable inputs. 
 
 Content-hash dedupe: every item carries the sha256 of its bytes. An input whose bytes this run has
 met before is not encoded: its row copies the first one's (the same bytes, preprocessing, checkpoint
-and dtype give the same embedding). With a cache (cache.py) an input some earlier run encoded is read
-back, and every input this run encodes is added to it.
+and dtype give the same embedding). With a cache (cache.py's `ContentCache`, keyed by the bytes and
+the item's kind and settings) an input some earlier run encoded is read back, and every input this
+run encodes is added to it. Which inputs share a call is runtime/batching.py's `Grouping`.
 
 Nothing here is half-written: OUT is only ever replaced whole, with the inputs finished so far,
 whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process.
@@ -18,14 +19,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
-
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, WorkerError, load
 from qwen_vit_jax.data.sinks import open_sink
 from qwen_vit_jax.data.stream import count
-from qwen_vit_jax.plan.contract import Patches
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
+from qwen_vit_jax.runtime.batching import Grouping, shape_of
 
 SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs at most this)
 
@@ -73,14 +72,18 @@ class _Rows:
     earlier input with the same bytes (of this run, or a row of the file being resumed), or read
     from the cache. `batch` holds the items to encode.
 
-    Calls end only when the next item would not fit (the patch budget, another pixel table) or the
-    inputs end, never at a save: a run resumed after an interrupt packs the rest as a clean run
-    does, and every row gets the bits it would have had."""
+    Calls end only where the next item does not join them (`Grouping.joins`: the patch budget,
+    another pixel form) or the inputs end, never at a save: a run resumed after an interrupt packs
+    the rest as a clean run does, and every row gets the bits it would have had. `cache`: a
+    data.cache.ContentCache, its entries keyed by each item's kind under `preprocessing`."""
 
-    def __init__(self, enc, sink, cache, budget: int):
-        self.enc, self.sink, self.cache, self.budget = enc, sink, cache, budget
+    def __init__(self, enc, sink, cache, budget: int, preprocessing: Preprocessing):
+        self.enc, self.sink, self.cache = enc, sink, cache
+        self.grouping = Grouping(budget)
+        self.keys = {v: cache.key("video" if v else "image", preprocessing) for v in (False, True)} if cache else {}
         self.pending: list[tuple[Item, str, object]] = []  # (item, how, what): see add
         self.batch: list[Item] = []
+        self.head = None  # the Shape of batch[0]
         self.batch_patches = 0  # patches in `batch`
         # sha256 -> ("copy", the Item of this run being encoded) | ("row", its row in the sink)
         self.first: dict[str, tuple[str, object]] = {d: ("row", ref) for d, ref in sink.seen.items()}
@@ -92,17 +95,20 @@ class _Rows:
         if src is not None:
             self.reused += 1
             self.pending.append((item, *src))
-        elif self.cache is not None and item.digest and (row := self.cache.get(item.digest)) is not None:
+        elif (
+            self.cache is not None
+            and item.digest
+            and (row := self.cache.get(self.keys[item.is_video], item.digest)) is not None
+        ):
             self.cached += 1
             self.pending.append((item, "cached", row))
         else:
-            if self.batch and (
-                self.batch_patches + len(item.patches) > self.budget
-                or not np.array_equal(item.patches.table, self.batch[0].patches.table)
-            ):
+            shape = shape_of(item.patches, item.grid)
+            if not self.grouping.joins(self.head, self.batch_patches, shape):
                 self.flush()
             self.batch.append(item)
-            self.batch_patches += len(item.patches)
+            self.head = self.head or shape
+            self.batch_patches += shape.rows
             self.pending.append((item, "encode", None))
             if item.digest:
                 self.first[item.digest] = ("copy", item)
@@ -112,18 +118,16 @@ class _Rows:
     def flush(self) -> None:
         """Encode the batch, then write every pending row in order."""
         done: dict[int, tuple] = {}
-        if self.batch:
-            grid = np.concatenate([i.grid for i in self.batch])  # [k, 3]
-            emb = self.enc.encode(Patches.concatenate([i.patches for i in self.batch]), grid)
-            cuts = np.cumsum([len(i.patches) // self.enc.cfg.merge_unit for i in self.batch])[:-1]
-            for item, e in zip(self.batch, np.split(emb, cuts)):
+        if self.batch:  # as encode plans one request of them (ladder plans)
+            prepared = self.enc.prepare_batch([(i.patches, i.grid) for i in self.batch], batched=False)
+            for item, e in zip(self.batch, prepared.split(self.enc.run(prepared))):
                 done[id(item)] = (item.grid[0], e, item.timestamps)
             self.encoded += len(self.batch)
         for item, how, what in self.pending:
             if how == "encode":
                 row = done[id(item)]
                 if self.cache is not None and item.digest:
-                    self.cache.put(item.digest, *row)
+                    self.cache.put(self.keys[item.is_video], item.digest, *row)
             elif how == "cached":
                 row = what
             else:  # a copy: of an item of this call ("copy"), or of a row already written ("row")
@@ -134,7 +138,7 @@ class _Rows:
                 self.first[item.digest] = ("row", ref)
             self.names.append(item.name)
             self.tokens += len(row[1])
-        self.pending, self.batch, self.batch_patches = [], [], 0
+        self.pending, self.batch, self.head, self.batch_patches = [], [], None, 0
 
 
 def encode_files(
@@ -182,7 +186,7 @@ def encode_files(
     tell = progress if progress is not None else (lambda update: None)
     failed: list[tuple[str, str]] = []
     sink = sink if sink is not None else open_sink(target, meta, enc.cfg.out_dim, resume)
-    rows = _Rows(enc, sink, cache, batch_patches or enc.max_batch_patches)
+    rows = _Rows(enc, sink, cache, batch_patches or enc.max_batch_patches, prep)
 
     def written() -> str:
         return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"

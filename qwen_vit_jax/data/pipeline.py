@@ -180,6 +180,26 @@ def _pixels_digest(image) -> str:
     return hashlib.sha256(head.encode() + b"\0" + data).hexdigest()
 
 
+class Unpack:
+    """A worker's dict (`Prepare`'s) -> (uint8 `Patches` [N, S, p, p, C], grid int64 [1, 3],
+    timestamps float64 [t]): the pixel table of its kind (image or video settings) computed once.
+    What the encode loop's `Loader` and the service both do with a prepared item."""
+
+    def __init__(self, config: PreprocessConfig, video_config: PreprocessConfig):
+        self._forms = {
+            False: (pixel_table(config), config.temporal_patch_size),
+            True: (pixel_table(video_config), video_config.temporal_patch_size),
+        }
+
+    def __call__(self, d: dict, copy: bool = False) -> tuple[Patches, np.ndarray, np.ndarray]:
+        """`copy`: the rows copied out (of shared memory the worker's element frees)."""
+        from qwen_vit_jax.plan.contract import Patches
+
+        table, t = self._forms[bool(d.get("video", False))]
+        data = np.array(d["data"]) if copy else np.asarray(d["data"])
+        return Patches(data, table, t), np.array([d["grid"]], np.int64), np.array(d["timestamps"], np.float64)
+
+
 class Loader:
     """Prepared inputs in input order (see the module docstring); iterate once, then `close` (or use
     a `with` block). `seconds_waiting`: time the consumer spent blocked on the next item (the
@@ -204,8 +224,7 @@ class Loader:
         if not flags.FLAGS.is_parsed():  # Grain reads absl flags; a library must not parse argv
             flags.FLAGS.mark_as_parsed()
         self.workers = min(workers, len(inputs))
-        self._tables = {False: pixel_table(config), True: pixel_table(video_config)}
-        self._t = {False: config.temporal_patch_size, True: video_config.temporal_patch_size}
+        self._unpack = Unpack(config, video_config)
         elements = [_element(i, x) for i, x in enumerate(inputs)]
         ds = grain.MapDataset.source(elements).map(Prepare(config, video_config, variant, fast_decode))
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=buffer))
@@ -253,16 +272,13 @@ class Loader:
     def _item(self, d: dict) -> Item:
         if d.get("error"):
             return Item(d["name"], None, None, None, error=d["error"], seconds=d["seconds"])
+        patches, grid, stamps = self._unpack(d, copy=True)  # out of the worker's shared memory (freed with it)
         video = bool(d.get("video", False))
-        data = np.array(d["data"])  # out of the worker's shared memory (freed with its element)
-        from qwen_vit_jax.plan.contract import Patches
-
-        patches = Patches(data, self._tables[video], self._t[video])
         return Item(
             d["name"],
             patches,
-            np.array([d["grid"]], np.int64),
-            np.array(d["timestamps"], np.float64),
+            grid,
+            stamps,
             note=d.get("note"),
             seconds=d["seconds"],
             is_video=video,
@@ -388,12 +404,6 @@ def tune_allocator() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
     return bool(mallopt(m_mmap_threshold, 64 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
-
-
-def default_workers() -> int:
-    """The cores left after the main process (at least 0)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(cores - 1, 0)
 
 
 def _element(i: int, x) -> tuple[str, object]:

@@ -143,9 +143,7 @@ class Encoder:
         from qwen_vit_jax.runtime.encoder import VisionEncoder
 
         kw = {"max_batch_patches": batch_patches} if batch_patches else {}
-        devices = jax.local_devices()  # what Ray gave this actor (num_gpus=2, resources={"TPU": 4}): all of them
-        if len(devices) > 1:
-            kw["devices"] = devices
+        kw["devices"] = jax.local_devices()  # what Ray gave this actor (num_gpus=2, resources={"TPU": 4}): all of them
         self.enc = VisionEncoder.from_pretrained(checkpoint, dtype=dtype, compilation_cache_dir=compile_cache, **kw)
         self.image_column = image_column
 

@@ -308,14 +308,34 @@ class Preprocessing:
         """HF's processor class defaults for a tower variant (no checkpoint files)."""
         return cls(image=image_config_for(variant), video=video_config_for(None, variant), variant=variant)
 
-    def with_limits(self, min_pixels: int | None = None, max_pixels: int | None = None, **video) -> Preprocessing:
-        """These settings with other pixel limits (images' and videos' alike) and other video fields
-        (e.g. fps=2.0, do_sample_frames=True); None leaves a limit as it is."""
+    def with_limits(
+        self,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        *,
+        fps: float | None = None,
+        num_frames: int | None = None,
+        max_frames: int | None = None,
+        **video,
+    ) -> Preprocessing:
+        """These settings with other pixel limits (images' and videos' alike) and another video
+        sampling: the one place that says what a request's (or `encode`'s flags') fps= /
+        num_frames= / max_frames= do to a config. None leaves a setting as it is.
+
+        fps, num_frames: sample each video so (exclusive): `do_sample_frames` on, the other off.
+        max_frames: at most this many frames per video.
+        video: other video fields as given (e.g. min_frames=2).
+        """
+        if fps is not None and num_frames is not None:
+            raise ValueError("fps and num_frames are mutually exclusive: pass one")
         limits = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        sampling = {} if max_frames is None else {"max_frames": max_frames}
+        if fps is not None or num_frames is not None:
+            sampling.update(do_sample_frames=True, fps=None if fps is None else float(fps), num_frames=num_frames)
         return dataclasses.replace(
             self,
-            image=dataclasses.replace(self.image, **limits),
-            video=dataclasses.replace(self.video, **limits, **video),
+            image=dataclasses.replace(self.image, **limits) if limits else self.image,
+            video=dataclasses.replace(self.video, **limits, **{**sampling, **video}),
         )
 
 

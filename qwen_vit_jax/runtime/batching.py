@@ -1,34 +1,131 @@
-"""Inputs grouped into calls by patch budget (`pack`: `VisionEncoder.encode_images`, the CLI's
-encode loop) and sequences cut into consecutive ranges of nearly equal size (`split_even`: rounds
-over devices, slices over processes). No jax here.
+"""Which items share a device call (`Grouping`: the one rule, for `VisionEncoder.encode_patches`,
+the CLI's encode loop and the service's batcher), the batch shapes a service warms up before it
+is ready (`warm_batches`), and sequences cut into consecutive ranges of nearly equal size
+(`split_even`: rounds over devices, slices over processes). No device work here.
+
+The rule: items share a call when they have one pixel form (the same Patches table, temporal
+patch size and frames per row; or float rows of one width) and their patches fit the budget; a
+larger item runs alone. Calls that run in batch plans (`VisionEncoder.prepare_batch`, the
+service) also keep frame classes close: a batch plan's key window follows its widest frame's
+class, which much smaller frames would pay for, so an item joins only if its widest frame's class
+is the head's or up to SPREAD times smaller. Ladder plans choose their key window and tiles per
+call (plan/kernels.py), so there sizes mix freely and packs fill the budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
 
+from qwen_vit_jax.plan import BucketPolicy, Patches, batch_rows, frame_class
+
 T = TypeVar("T")
+SPREAD = 4  # batch plans: an item's widest frame class is the head's or up to this many times smaller
 
 
-def pack(items: Iterable[T], budget: int, size: Callable[[T], int]) -> Iterator[list[T]]:
-    """Consecutive items in lists whose sizes sum to at most `budget` (an item larger than the
-    budget alone), in order. Lazy: an item is read only when the list before it is full."""
-    if budget <= 0:
-        raise ValueError(f"the patch budget must be positive, got {budget}")
-    batch: list[T] = []
-    total = 0
-    for item in items:
-        n = size(item)
-        if batch and total + n > budget:
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What grouping reads of one item: its patch rows, its pixel form (items of two forms never
+    share a call) and the frame class of its widest frame (plan.frame_class)."""
+
+    rows: int
+    form: tuple
+    widest: int
+
+
+def shape_of(pixels, grid) -> Shape:
+    """The `Shape` of an item: uint8 `Patches` or float rows [N, patch_dim], its grid [k, 3]."""
+    g = np.asarray(grid).reshape(-1, 3)
+    if isinstance(pixels, Patches):
+        form = (pixels.table.tobytes(), pixels.temporal_patch_size, pixels.frames_per_patch)
+    else:
+        form = ("rows", np.shape(pixels)[-1])
+    return Shape(len(pixels), form, frame_class(int((g[:, 1] * g[:, 2]).max())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Grouping:
+    """The rule (see the module docstring): at most `budget` patches per call; `batched`: the calls
+    run in batch plans, so frame classes stay within SPREAD of the head's."""
+
+    budget: int
+    batched: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.budget, int) or self.budget <= 0:
+            raise ValueError(f"the patch budget must be a positive int, got {self.budget!r}")
+
+    def admits(self, head: Shape, item: Shape) -> bool:
+        """Whether `item` may share a call led by `head`, its rows aside."""
+        if item.form != head.form:
+            return False
+        return not self.batched or head.widest <= SPREAD * item.widest <= SPREAD * head.widest
+
+    def joins(self, head: Shape | None, rows: int, item: Shape) -> bool:
+        """Whether `item` joins a call led by `head` that holds `rows` patches (an empty call, head
+        None: always)."""
+        return head is None or (self.admits(head, item) and rows + item.rows <= self.budget)
+
+    def pack(self, items: Iterable[T], shape: Callable[[T], Shape]) -> Iterator[list[T]]:
+        """Consecutive items in calls, in order: a call ends where the next item does not join it.
+        Lazy: an item is read only when the call before it is full."""
+        batch: list[T] = []
+        head, rows = None, 0
+        for item in items:
+            s = shape(item)
+            if not self.joins(head, rows, s):
+                yield batch
+                batch, head, rows = [], None, 0
+            batch.append(item)
+            head, rows = head or s, rows + s.rows
+        if batch:
             yield batch
-            batch, total = [], 0
-        batch.append(item)
-        total += n
-    if batch:
-        yield batch
+
+    def take(self, queue: Iterable[T], shape: Callable[[T], Shape]) -> tuple[list[T], bool]:
+        """The call the first item of a queue leads: it plus the later items it admits, in order,
+        passing over the others, until one would not fit. Returns (those items, whether the call is
+        full: an admitted item did not fit, or the budget is reached)."""
+        batch: list[T] = []
+        head, rows = None, 0
+        for item in queue:
+            s = shape(item)
+            if head is not None and not self.admits(head, s):
+                continue
+            if not self.joins(head, rows, s):
+                return batch, True
+            batch.append(item)
+            head, rows = head or s, rows + s.rows
+        return batch, rows >= self.budget
+
+
+def warm_batches(sizes: Sequence[tuple[int, int, int]], grouping: Grouping, policy: BucketPolicy) -> list[list[tuple]]:
+    """Batches of these item sizes (grids (t, h, w): t > 1 a video's, else an image's) that land in
+    every batch-plan shape a batched `grouping` can form of them: with each size at the head, one
+    batch per rung of the batch-rows ladder (plan.batch_rows) from two items up to the budget,
+    filled with the sizes the head admits, largest first. One batch per (rung, frame class, pixel
+    form): what a service compiles before it is ready (its declared sizes under its budget)."""
+    cap = min(grouping.budget, policy.max_patches)  # a batch plan holds at most max_patches rows
+    sizes = sorted({tuple(int(x) for x in s) for s in sizes})
+    shapes = {(t, h, w): Shape(t * h * w, ("video" if t > 1 else "image",), frame_class(h * w)) for t, h, w in sizes}
+    out, seen = [], set()
+    for head in sizes:
+        mates = sorted((g for g in sizes if grouping.admits(shapes[head], shapes[g])), key=lambda g: -shapes[g].rows)
+        low = shapes[head].rows + shapes[mates[-1]].rows  # the fewest rows of two items
+        rung, below = (batch_rows(low, policy), 0) if low <= cap else (None, 0)
+        while rung is not None:
+            batch, rows = [head], shapes[head].rows
+            for g in mates:  # largest first, as many as fit under the rung
+                k = (min(rung, cap) - rows) // shapes[g].rows
+                batch, rows = batch + [g] * k, rows + k * shapes[g].rows
+            key = (rung, shapes[head].widest, shapes[head].form)
+            if len(batch) > 1 and rows > below and key not in seen:
+                seen.add(key)
+                out.append(batch)
+            below, rung = rung, batch_rows(rung + 1, policy) if rung < cap else None
+    return out
 
 
 def split_even(sizes: Sequence[int], parts: int) -> list[tuple[int, int]]:

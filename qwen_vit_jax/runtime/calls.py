@@ -1,21 +1,21 @@
-"""A request's program calls: `prepare` (host only: plan, check, pad) and `run` (one transfer, every
-call dispatched before anything is fetched, results unpadded in request order). Split so that a
+"""A request's program calls: `prepare` (host only: plan, check, pad) and `run` (one transfer,
+every call dispatched before anything is fetched, results unpadded in request order). Split so that a
 caller can prepare the next request on the host while the device runs this one (a service's
-batches), and so that a benchmark can time the parts.
+batches), and so that a benchmark can time the parts. `prepare_batch` plans independent items as
+one call (a service's batch) and `ready_part` finds its longest part whose program is compiled.
 
-On one device a request's chunks each get a plan (the bucket choice, plan/choice.py) and its
-pixels padded to that plan's bucket; on a mesh its frames are balanced over the devices
-(devices.py), one call per step, every input with a leading [D] axis.
+A request's calls are `Programs.plan`'s steps (one device: a chunk's plan each; a mesh: its frames
+balanced over the devices); every input has a leading [D] axis, D = 1 on one device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.config import dtype_named
@@ -25,26 +25,31 @@ from qwen_vit_jax.runtime.pixels import checked_pixels
 from qwen_vit_jax.runtime.program import Programs
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Prepared:
-    """A request ready for the device, host arrays only.
+    """A request (or a batch of items) planned for the device, host arrays only.
 
-    grid: the request's validated grid.
-    calls: per program call, (pixels, plan): pixels padded to the plan's bucket ([N_pad, patch_dim]
-      in the compute dtype, or `Patches`; on a mesh [D, N_pad, ...]) and its Plan (on a mesh the
-      devices' plans stacked).
+    grid: its validated grid.
+    steps: per program call, a devices.Step: its plan (the devices' plans stacked, a leading [D]
+      axis; D = 1 on one device) and where its rows go.
     frames: the programs' pixel form: None for float rows, else the `Patches`' frames per row.
-    steps: on a mesh, the steps that put results back in request order (devices.Step); else None.
+    dtype: the compute dtype's name (float rows are padded into it).
+    items: a batch's (`prepare_batch`) merged tokens per item, in order; None for a request.
+    load: returns the checked, unpadded pixels; called once, when `calls` is first read.
+    calls: per step, (pixels padded [D, N_pad, ...] in the compute dtype or `Patches`, its Plan).
     """
 
     grid: planlib.Grid
-    calls: list[tuple[np.ndarray | planlib.Patches, planlib.Plan]]
+    steps: list[devlib.Step]
     frames: int | None
-    steps: list[devlib.Step] | None = None
+    dtype: str
+    items: tuple[int, ...] | None = None
+    load: Callable[[], object] = dataclasses.field(repr=False)
 
-    @property
-    def plans(self) -> list[planlib.Plan]:
-        return [p for _, p in self.calls]
+    @functools.cached_property
+    def calls(self) -> list[tuple[np.ndarray | planlib.Patches, planlib.Plan]]:
+        px, dtype = self.load(), dtype_named(self.dtype)
+        return [(s.take(px, dtype), s.plan) for s in self.steps]
 
     @property
     def pixels(self) -> list[np.ndarray | planlib.Patches]:
@@ -52,7 +57,21 @@ class Prepared:
 
     @property
     def buckets(self) -> list[planlib.Bucket]:
-        return [p.bucket for _, p in self.calls]
+        return [s.plan.bucket for s in self.steps]
+
+    @property
+    def programs(self) -> tuple[tuple[planlib.Bucket, int | None], ...]:
+        """The programs it runs, (bucket, frames) each: what `Programs.get` compiles."""
+        return tuple((s.plan.bucket, self.frames) for s in self.steps)
+
+    @property
+    def padded_rows(self) -> int:
+        """Rows its calls compute on one device, padding included."""
+        return sum(b.patches for b in self.buckets)
+
+    def split(self, rows: np.ndarray) -> list[np.ndarray]:
+        """A batch's result rows [tokens, ...] -> one array per item (views)."""
+        return np.split(rows, np.cumsum(self.items)[:-1])
 
 
 def prepare(
@@ -63,48 +82,89 @@ def prepare(
     check_finite: bool = True,
     batched: bool = False,
 ) -> Prepared:
-    """Plan a request (one device: `choice.plans`, or `choice.batch_plans` when `batched`; a mesh:
-    `devices.plan_steps` with choice's policy), check its pixels once (runtime/pixels.py) and pad
+    """Plan a request (`Programs.plan`: one device `choice.plans`, or `choice.batch_plans` when
+    `batched`; a mesh its frames balanced), check its pixels once (runtime/pixels.py) and pad
     them to every call's bucket."""
     grid = planlib.as_grid(grid_thw, programs.cfg)  # validated once: every step below takes the Grid
-    dtype = dtype_named(programs.dtype)
-    if programs.mesh is None:
-        plans = choice.batch_plans(grid) if batched else choice.plans(grid)
-        px = checked_pixels(pixel_values, grid, programs.cfg, check_finite)
-        return Prepared(grid=grid, calls=[(p.pad_rows(px, dtype), p) for p in plans], frames=_frames(px))
-    steps = devlib.plan_steps(grid, programs.cfg, choice.policy, len(programs.devices))
+    steps = programs.plan(choice, grid, batched)
     px = checked_pixels(pixel_values, grid, programs.cfg, check_finite)
-    return Prepared(grid=grid, calls=[(s.take(px, dtype), s.plan) for s in steps], frames=_frames(px), steps=steps)
+    prepared = Prepared(grid=grid, steps=steps, frames=_frames([px]), dtype=programs.dtype, load=lambda: px)
+    prepared.calls  # noqa: B018 (padded now: the host half of the work, done here)
+    return prepared
 
 
-def _frames(px) -> int | None:
-    """The program's pixel form for these (checked, unpadded) pixels: None for float rows, else the
-    `Patches`' frames per row."""
-    return px.frames_per_patch if isinstance(px, planlib.Patches) else None
+def prepare_batch(
+    programs: Programs, choice: planlib.BucketChoice, items, check_finite: bool = True, batched: bool = True
+) -> Prepared:
+    """Independent items [(pixels, grid [k, 3]), ...] planned as one call: their rows in a batch plan
+    (`batched`; one item alone as `encode` plans it), else as one request (encode's plans). Only
+    planned: the pixels are joined, checked and padded when its calls are first read (`run`)."""
+    items = list(items)
+    if not items:
+        raise ValueError("a batch holds at least one item")
+    grids = [np.asarray(g).reshape(-1, 3) for _, g in items]
+    grid = planlib.as_grid(np.concatenate(grids), programs.cfg)
+    steps = programs.plan(choice, grid, batched)
+    mu = programs.cfg.merge_unit
+    tokens = tuple(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) // mu for g in grids)
+    parts = [px for px, _ in items]
+
+    def load():
+        px = parts[0] if len(parts) == 1 else _join(parts)
+        return checked_pixels(px, grid, programs.cfg, check_finite)
+
+    return Prepared(grid=grid, steps=steps, frames=_frames(parts), dtype=programs.dtype, items=tokens, load=load)
+
+
+def ready_part(programs: Programs, choice: planlib.BucketChoice, items, check_finite: bool = True) -> Prepared:
+    """The longest leading part of a batch (`prepare_batch(items)`) whose programs are compiled, or
+    its first item alone (planned as `encode` plans it, whether compiled or not). Parts whose batch
+    plans would share a shape (their rows' rung and widest frame class) are planned once."""
+    items = list(items)
+    rows = np.cumsum([len(px) for px, _ in items])
+    widest = np.maximum.accumulate([int((np.asarray(g)[..., 1] * np.asarray(g)[..., 2]).max()) for _, g in items])
+    seen = set()
+    for k in range(len(items), 1, -1):
+        if rows[k - 1] <= choice.policy.max_patches:
+            shape = (planlib.batch_rows(int(rows[k - 1]), choice.policy), planlib.frame_class(int(widest[k - 1])))
+            if shape in seen:
+                continue
+            seen.add(shape)
+        part = prepare_batch(programs, choice, items[:k], check_finite)
+        if all(programs.ready(*p) for p in part.programs):
+            return part
+    return prepare_batch(programs, choice, items[:1], check_finite)
+
+
+def _join(parts: list):
+    """Items' pixels one after another: `Patches` (planlib.Patches.concatenate) or float rows."""
+    if all(isinstance(p, planlib.Patches) for p in parts):
+        return planlib.Patches.concatenate(parts)
+    if any(isinstance(p, planlib.Patches) for p in parts):
+        raise ValueError("a batch mixes uint8 Patches and float pixel rows: they cannot share a call")
+    return np.concatenate([np.asarray(p) for p in parts])
+
+
+def _frames(parts: list) -> int | None:
+    """The program's pixel form for these pixels: None for float rows, else the `Patches`' frames
+    per row (joined items: the most of any, as Patches.concatenate repeats an image's frame)."""
+    if all(isinstance(p, planlib.Patches) for p in parts):
+        return max(p.frames_per_patch for p in parts)
+    return None
 
 
 def run(programs: Programs, prepared: Prepared, return_deepstack: bool = False):
     """Send a prepared request's inputs in one transfer, dispatch every call, then fetch: float32
     tokens [N // merge_unit, out_dim] in request order, with return_deepstack (tokens, [one such
     array per deepstack layer])."""
-    if programs.mesh is None:
-        where = programs.devices[0]
-    else:
-        where = NamedSharding(programs.mesh, P("data"))  # leading [D] axis of every input, a slice per device
-    inputs = jax.device_put(prepared.calls, where)
+    inputs = jax.device_put(prepared.calls, programs.inputs)  # a slice of every input's [D] axis per device
     frames = prepared.frames
     outs = [programs.get(p.bucket, frames)(programs.state, x, p) for x, p in inputs]  # (tokens, features) each
-    if prepared.steps is None:
 
-        def rows(arrays):  # one [N_pad / mu, out] per call -> its real rows, calls in order
-            return np.concatenate([p.unpad(np.asarray(a)) for p, a in zip(prepared.plans, arrays)])
-
-    else:
-
-        def rows(arrays):  # one [D, N_pad / mu, out] per step -> the request's rows in order
-            return np.concatenate(
-                [np.asarray(a).reshape(-1, a.shape[-1])[s.gather] for s, a in zip(prepared.steps, arrays)]
-            )
+    def rows(arrays):  # one [D, N_pad / mu, out] per step -> the request's rows in order
+        return np.concatenate(
+            [np.asarray(a).reshape(-1, a.shape[-1])[s.gather] for s, a in zip(prepared.steps, arrays)]
+        )
 
     tokens = rows([o[0] for o in outs])
     if not return_deepstack:
@@ -112,13 +172,22 @@ def run(programs: Programs, prepared: Prepared, return_deepstack: bool = False):
     return tokens, [rows([o[1][k] for o in outs]) for k in range(programs.cfg.num_deepstack)]
 
 
-def buckets(programs: Programs, choice: planlib.BucketChoice, grid_thw) -> list[planlib.Bucket]:
+def buckets(programs: Programs, choice: planlib.BucketChoice, grid_thw, batched: bool = False) -> list[planlib.Bucket]:
     """The bucket of each program call the next encode of a request makes (a chunk, or a mesh step),
-    without its pixels."""
-    grid = planlib.as_grid(grid_thw, programs.cfg)
-    if programs.mesh is None:
-        return [p.bucket for p in choice.plans(grid)]
-    return [s.plan.bucket for s in devlib.plan_steps(grid, programs.cfg, choice.policy, len(programs.devices))]
+    without its pixels; `batched`: of its rows as one batch (`prepare_batch`)."""
+    return [s.plan.bucket for s in programs.plan(choice, planlib.as_grid(grid_thw, programs.cfg), batched)]
+
+
+def warmup(programs: Programs, choice: planlib.BucketChoice, grids, *, tight: bool, uint8: bool, batched: bool):
+    """`VisionEncoder.warmup`: compile the buckets of each grid's program calls (declared first
+    when `tight`; its rows as one batch when `batched`); the buckets, in order."""
+    out = []
+    for g in grids:
+        g = choice.declare(g) if tight else planlib.as_grid(g, programs.cfg)
+        for bucket in buckets(programs, choice, g, batched):
+            programs.get(bucket, patches_frames(g, programs.cfg) if uint8 else None)
+            out.append(bucket)
+    return out
 
 
 def cost_report(programs: Programs, choice: planlib.BucketChoice, grid_thw) -> dict:

@@ -1,4 +1,6 @@
-"""Several local devices: a request's frames balanced across a mesh, one bucket for all of them.
+"""A request's program calls as mesh steps: on several local devices its frames balanced across
+the mesh, one bucket for all of them (`plan_steps`); on one device (a mesh of one) each chunk's
+plan as a step of its own (`chunk_step`).
 
 Frames never attend to each other (full attention is per frame, windows lie inside a frame, the
 merger is per 2x2 patch group), so a request splits across D devices at frame boundaries with no
@@ -46,13 +48,14 @@ class Step:
     runs: per device, int64 [r, 2] (first request row, rows): the request rows it holds, in order,
       copied one after another from row 0 of its shard.
     gather: int64 [tokens of this round]: for each merged token of the round, in request order,
-      its row in the result flattened to [D * N_pad / merge_unit].
+      its row in the result flattened to [D * N_pad / merge_unit]; a slice where they are the
+      first rows (one device: a chunk's).
     rows: real patch rows per device (for balance reports).
     """
 
     plan: planlib.Plan
     runs: tuple[np.ndarray, ...]
-    gather: np.ndarray
+    gather: np.ndarray | slice
     rows: tuple[int, ...]
 
     def take(self, pixel_values, dtype):
@@ -69,6 +72,14 @@ class Step:
                 out[d, at : at + n] = pixel_values[start : start + n]
                 at += n
         return out
+
+
+def chunk_step(plan: planlib.Plan, merge_unit: int) -> Step:
+    """One device's call of one chunk's plan (plan/choice.py) as a step of a mesh of one: its rows
+    from row 0 of the one shard, its tokens the result's first ones."""
+    n = plan.n_patches
+    runs = np.array([[plan.offset, n]], np.int64)
+    return Step(plan=stack_plans([plan]), runs=(runs,), gather=slice(0, n // merge_unit), rows=(n,))
 
 
 def balance(sizes: np.ndarray, n_bins: int, loads: list[int] | None = None) -> list[list[int]]:
@@ -235,7 +246,10 @@ def pad_plan(plan: planlib.Plan, bucket: planlib.Bucket) -> planlib.Plan:
 
 
 def stack_plans(plans: list[planlib.Plan]) -> planlib.Plan:
-    """Plans of one bucket -> one Plan with a leading [D] axis on every leaf (grid_thw None)."""
+    """Plans of one bucket -> one Plan with a leading [D] axis on every leaf (grid_thw None). One
+    plan: views of its (cached, read-only) arrays, nothing copied."""
+    if len(plans) == 1:
+        return planlib.Plan(plans[0].bucket, *[getattr(plans[0], k)[None] for k in planlib.Plan.ARRAYS])
     leaves = [[getattr(p, k) for k in planlib.Plan.ARRAYS] for p in plans]
     return planlib.Plan(plans[0].bucket, *[np.stack(col) for col in zip(*leaves)])
 

@@ -8,11 +8,13 @@
   enc.preprocessing   the image and video settings and the variant (preprocess/config.py)
   enc.prepare / run   a request's program calls: host work, then the device's (calls.py); the
                       pixel checks and PaddleOCR's row reorder happen once, in pixels.py
+  enc.prepare_batch   items planned as one call (a batch); enc.ready / compile its programs
 
 Per call: validate on the host, plan (numba, cached by grid; a large request is split at frame
 boundaries into chunks that fill buckets well), pad pixels to each bucket, put pixels and plans on
 the device in one `jax.device_put`, run each bucket's compiled program and fetch the results.
-With `devices=[...]` the frames of a call are balanced across a mesh instead (devices.py).
+With `devices=[...]` the frames of a call are balanced across a mesh (devices.py; one device is a
+mesh of one).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from qwen_vit_jax.model.numerics import Numerics, numerics_for
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
 from qwen_vit_jax.preprocess.images import image_preprocessor
 from qwen_vit_jax.runtime import calls
-from qwen_vit_jax.runtime.batching import pack
+from qwen_vit_jax.runtime.batching import Grouping, shape_of
 from qwen_vit_jax.runtime.devices import check_devices
 from qwen_vit_jax.runtime.program import Programs, enable_compilation_cache
 
@@ -49,8 +51,7 @@ class VisionEncoder:
       preprocessing: image and video settings for encode_images / encode_video (`Preprocessing`;
         default: HF's for this tower's variant; from_pretrained reads the checkpoint's).
         `preprocess=` / `video_preprocess=` (one PreprocessConfig each) still work, deprecated.
-      max_batch_patches: encode_images packs images into calls of at most this many patches
-        (default policy.max_patches, 16384, per device: a full bucket's worth for each device).
+      max_batch_patches: patches per call of encode_images (default policy.max_patches per device).
       tight_after, max_tight_buckets: opt out of "every call of a request gives the same bits":
         a grid encoded tight_after times switches to its tight buckets (plan/choice.py says how).
         One device only: on several devices pass policy=BucketPolicy(tight=True) instead.
@@ -171,19 +172,34 @@ class VisionEncoder:
     def run(self, prepared: calls.Prepared, return_deepstack: bool = False):
         """The device half of `encode`: one transfer, every program call, the rows in request order."""
         out = calls.run(self.programs, prepared, return_deepstack)
-        if prepared.steps is None:
-            self.bucket_choice.count(prepared.grid)  # one more encode of this grid (tight_after)
+        self.bucket_choice.count(prepared.grid)  # one more encode of this grid (tight_after)
         return out
+
+    def prepare_batch(self, items, *, batched: bool = True, compiled: bool = False) -> calls.Prepared:
+        """Plan items [(pixels, grid_thw), ...] once, as one call: in a batch plan (`batched`; an item
+        alone as `encode` plans it), else as one request. `compiled`: its longest leading part whose
+        programs are compiled (at least the first item). `run` it; `prepared.split` cuts the rows
+        per item. Pixels are joined and padded when it runs (calls.py)."""
+        if compiled:
+            return calls.ready_part(self.programs, self.bucket_choice, items)
+        return calls.prepare_batch(self.programs, self.bucket_choice, items, batched=batched)
+
+    def ready(self, prepared: calls.Prepared) -> bool:
+        """Whether every program `prepared` runs is compiled (`run` would not compile)."""
+        return all(self.programs.ready(*p) for p in prepared.programs)
+
+    def compile(self, prepared: calls.Prepared) -> None:
+        """Compile (or load from the persistent compilation cache) the programs `prepared` runs."""
+        for p in prepared.programs:
+            self.programs.get(*p)
 
     def encode_images(self, images) -> list[np.ndarray]:
         """Preprocess (enc.preprocessing: the checkpoint's preprocessor_config.json, else HF
         defaults) and embed. The pixels travel as uint8 `Patches` (each image's frame once) and are
         normalised on the device.
 
-        Args:
-          images: a list of PIL images or HxWx3 uint8 arrays (any sizes).
-        Returns:
-          one float32 [h * w / merge_unit, out_dim] array per image.
+        images: a list of PIL images or HxWx3 uint8 arrays (any sizes) -> one float32
+        [h * w / merge_unit, out_dim] array per image.
         """
         if isinstance(images, (Image.Image, np.ndarray)):
             images = [images]
@@ -191,15 +207,10 @@ class VisionEncoder:
         return self.encode_patches([prep([im], config=self.preprocess, uint8=True) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
-        """One video, decoded and sampled by `preprocess_video` with enc.preprocessing.video (the
-        checkpoint's video config, else HF's video-processor defaults for this tower).
-
-        Args:
-          video: a file path or decoded frames (see `qwen_vit_jax.preprocess_video`).
-          sampling: fps / num_frames / max_frames / source_fps / min_pixels / max_pixels, passed on.
-        Returns:
-          float32 [t * h * w / merge_unit, out_dim]; the timestamps: `preprocess_video`'s third value.
-        """
+        """One video (a file path or decoded frames), decoded and sampled by `preprocess_video` with
+        enc.preprocessing.video (the checkpoint's, else HF's video-processor defaults) and
+        `sampling` (fps / num_frames / max_frames / source_fps / min_pixels / max_pixels): float32
+        [t * h * w / merge_unit, out_dim]; the timestamps: `preprocess_video`'s third value."""
         from qwen_vit_jax.preprocess.video import preprocess_video
 
         pv, grid, _ = preprocess_video(video, config=self.video_preprocess, uint8=True, **sampling)
@@ -208,18 +219,15 @@ class VisionEncoder:
     def encode_patches(self, items: list[tuple[planlib.Patches, np.ndarray]]) -> list[np.ndarray]:
         """Encode prepared inputs: (patches, grid_thw [1, 3]) items, as the preprocessors return
         them with uint8=True (or float pixel_values rows), consecutive ones packed into calls of at
-        most max_batch_patches patches (a larger item runs alone).
-
-        Returns:
-          one float32 [tokens, out_dim] array per item.
-        """
+        most max_batch_patches patches and one pixel form (runtime/batching.py; a larger item runs
+        alone). Returns one float32 [tokens, out_dim] array per item."""
         out = []
-        for batch in pack(items, self.max_batch_patches, lambda item: len(item[0])):
-            emb = self.encode(planlib.Patches.concatenate([b[0] for b in batch]), np.concatenate([b[1] for b in batch]))
-            out.extend(np.split(emb, np.cumsum([len(b[0]) // self.cfg.merge_unit for b in batch])[:-1]))
+        for batch in Grouping(self.max_batch_patches).pack(items, lambda item: shape_of(*item)):
+            prepared = self.prepare_batch(batch, batched=False)  # ladder plans: their bits are pinned
+            out.extend(prepared.split(self.run(prepared)))
         return out
 
-    def warmup(self, grids, *, tight: bool = False, uint8: bool = False) -> list[planlib.Bucket]:
+    def warmup(self, grids, *, tight: bool = False, uint8: bool = False, batched: bool = False) -> list[planlib.Bucket]:
         """Compile the buckets that these grids land in.
 
         Args:
@@ -228,20 +236,12 @@ class VisionEncoder:
             CLI send: one frame per row for grids of images, t = 1 everywhere, else T) instead of
             float pixel_values rows.
           tight: declare these grids as sizes that recur (enc.bucket_choice.declare): every later
-            encode of exactly such a grid runs in its tight buckets, one more program per size.
-            One device only (on several devices pass policy=BucketPolicy(tight=True)).
+            encode of exactly such a grid runs in its tight buckets (several devices: tight shards).
+          batched: each grid's rows are the items of one batch (`prepare_batch`): its batch plan.
         Returns:
           the bucket of each program call the grids' encodes make, in order.
         """
-        if tight and self.mesh is not None:
-            raise ValueError("warmup(tight=True) is for one device; on several pass policy=BucketPolicy(tight=True)")
-        buckets = []
-        for g in grids:
-            g = self.bucket_choice.declare(g) if tight else planlib.as_grid(g, self.cfg)
-            for bucket in calls.buckets(self.programs, self.bucket_choice, g):
-                self.programs.get(bucket, calls.patches_frames(g, self.cfg) if uint8 else None)
-                buckets.append(bucket)
-        return buckets
+        return calls.warmup(self.programs, self.bucket_choice, grids, tight=tight, uint8=uint8, batched=batched)
 
     def cost_report(self, grid_thw) -> dict:
         """What the next encode of this grid costs: buckets, matmul FLOPs vs the ideal, temp memory,

@@ -2,10 +2,16 @@
 devices, the shapes of a bucket's inputs (what `jax.jit(...).lower` takes), and `Programs`, a
 tower's weights on its devices with one compiled program per bucket. Shared by the encoder
 (runtime/encoder.py) and the ahead-of-time compiles (tools/aot.py).
+
+One device is a mesh of one (maxtext's and jax-llm-examples' habit): every program is the
+`shard_map` form, every input has a leading [D] axis, and `Programs.plan` is the one place that
+tells one device (the bucket choice's plans, plan/choice.py) from several (frames balanced over
+the devices, devices.py). Nothing else asks how many devices there are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -23,6 +29,7 @@ from qwen_vit_jax.config import VisionConfig, dtype_named
 from qwen_vit_jax.model.numerics import Numerics
 from qwen_vit_jax.model.vit import abstract_model, as_bits, fill_state
 from qwen_vit_jax.runtime import cost
+from qwen_vit_jax.runtime.devices import Step, chunk_step, plan_steps
 
 
 def forward(graphdef: nnx.GraphDef, state: nnx.State, pixels: jax.Array, plan: planlib.Plan):
@@ -111,12 +118,14 @@ class Programs:
 
     def __init__(self, cfg: VisionConfig, params: dict[str, np.ndarray], numerics: Numerics, devices: list):
         self.cfg, self.numerics, self.devices = cfg, numerics, list(devices)
-        # The data axis of several devices; None for one (the single-device path).
-        self.mesh = Mesh(np.array(self.devices), ("data",)) if len(self.devices) > 1 else None
+        self.mesh = Mesh(np.array(self.devices), ("data",))  # one device: a mesh of one
+        self.inputs = NamedSharding(self.mesh, P("data"))  # every input's leading [D] axis, a slice per device
         self.graphdef, abstract = nnx.split(abstract_model(cfg, numerics=numerics))
-        # Several devices: replicated (every device holds all parameters), placed in one go.
-        where = self.devices[0] if self.mesh is None else NamedSharding(self.mesh, P())
-        self.state = as_bits(fill_state(abstract, params, numerics, where))
+        # replicated (every device holds all parameters), placed in one go
+        self.state = as_bits(fill_state(abstract, params, numerics, NamedSharding(self.mesh, P())))
+        # How a request becomes program calls, chosen once: one device runs the bucket choice's
+        # plans (chunks, declared sizes, batch plans); several balance its frames (devices.py).
+        self._steps = _chunk_steps if len(self.devices) == 1 else functools.partial(_balanced_steps, len(self.devices))
         self.compile_seconds: dict[planlib.Bucket, float] = {}  # summed over a bucket's pixel forms
         self._compiled: dict[tuple[planlib.Bucket, int | None], jax.stages.Compiled] = {}  # (bucket, frames)
         self._lock = threading.Lock()  # held while compiling: a new bucket is compiled once
@@ -140,13 +149,21 @@ class Programs:
         """Shapes of one bucket's inputs on one device (`input_specs`)."""
         return input_specs(self.cfg, bucket, self.dtype, frames)
 
+    def plan(self, choice: planlib.BucketChoice, grid: planlib.Grid, batched: bool = False) -> list[Step]:
+        """A validated grid's program calls, one `Step` each (its plans stacked [D, ...] and where its
+        rows go). One device: `choice.plans` (or `choice.batch_plans` when `batched`: the grid's
+        rows are independent items). Several: its frames balanced over the devices
+        (devices.plan_steps) with the choice's policy, tight for a declared size."""
+        return self._steps(choice, grid, batched)
+
     def ready(self, bucket: planlib.Bucket, frames: int | None = None) -> bool:
         """Whether `get(bucket, frames)` returns at once (its program is compiled)."""
         return (bucket, frames) in self._compiled
 
     def get(self, bucket: planlib.Bucket, frames: int | None = None) -> jax.stages.Compiled:
         """The compiled program of `bucket` for float pixel rows (frames None) or for `Patches` of
-        `frames` frames per row; called as program(state, pixels, plan) -> (tokens, features)."""
+        `frames` frames per row; called as program(state, pixels, plan) -> (tokens, features), every
+        input and output with a leading [D] axis (a Step's)."""
         key = (bucket, frames)
         program = self._compiled.get(key)
         if program is not None:  # the hot path takes no lock
@@ -156,12 +173,8 @@ class Programs:
             if program is not None:
                 return program
             t0 = time.perf_counter()
-            specs = self.input_specs(bucket, frames)
-            if self.mesh is None:
-                program = jax.jit(self.forward).lower(self.state, *specs).compile()
-            else:
-                program = jax.jit(mesh_program(self.forward, self.mesh))
-                program = program.lower(self.state, *mesh_specs(specs, self.mesh)).compile()
+            specs = mesh_specs(self.input_specs(bucket, frames), self.mesh)
+            program = jax.jit(mesh_program(self.forward, self.mesh)).lower(self.state, *specs).compile()
             self.compile_seconds[bucket] = self.compile_seconds.get(bucket, 0.0) + time.perf_counter() - t0
             self._compiled[key] = program  # last: a lock-free reader sees a finished entry
         return program
@@ -176,3 +189,16 @@ class Programs:
     def memory(self, bucket: planlib.Bucket, frames: int | None = None):
         """The compiled program's memory analysis (temp_size_in_bytes, argument_size_in_bytes, ...)."""
         return self.get(bucket, frames).memory_analysis()
+
+
+def _chunk_steps(choice: planlib.BucketChoice, grid: planlib.Grid, batched: bool) -> list[Step]:
+    """One device: the bucket choice's plans, each a step of a mesh of one."""
+    plans = choice.batch_plans(grid) if batched else choice.plans(grid)
+    return [chunk_step(p, choice.cfg.merge_unit) for p in plans]
+
+
+def _balanced_steps(n_devices: int, choice: planlib.BucketChoice, grid: planlib.Grid, batched: bool) -> list[Step]:
+    """Several devices: the frames balanced over them (a batch's items too: they are frames); a
+    declared size's shards padded tightly."""
+    policy = dataclasses.replace(choice.policy, tight=True) if choice.is_declared(grid) else choice.policy
+    return plan_steps(grid, choice.cfg, policy, n_devices)

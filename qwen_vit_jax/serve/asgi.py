@@ -325,24 +325,17 @@ def _safetensors(items: list[Item], results, service: Service) -> bytes:
     then read back: write_embeddings writes files)."""
     import numpy as np
 
-    from qwen_vit_jax.data.embeddings import FORMAT, VERSION, Embeddings, write_embeddings
+    from qwen_vit_jax.data.embeddings import Embeddings, run_metadata, write_embeddings
 
-    enc = service.enc
     lengths = [len(r.embedding) for r, _ in results]
+    ckpt = service.settings.checkpoint  # a directory by its name, never the server's path; a hub id as given
+    name = os.path.basename(os.path.normpath(ckpt)) if os.path.exists(ckpt) else ckpt
     e = Embeddings(
         np.concatenate([r.embedding for r, _ in results]),
         np.stack([np.asarray(r.grid, np.int64) for r, _ in results]),
         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         [f"input {i}" for i in range(len(items))],
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "checkpoint": service.settings.checkpoint,
-            "dtype": enc.dtype,
-            "preprocess": enc.preprocess.to_dict(),
-            "video_preprocess": enc.video_preprocess.to_dict(),
-            "sha256": [it.digest for it in items],
-        },
+        run_metadata(name, service.enc.dtype, service.preprocessing, sha256=[it.digest for it in items]),
         np.concatenate([np.asarray(r.timestamps, np.float64) for r, _ in results]),
     )
     with tempfile.TemporaryDirectory(prefix="qvj-serve-") as d:

@@ -1,5 +1,7 @@
 """Dynamic batching: prepared items of concurrent requests -> one device call per batch, on a device
-thread of its own.
+thread of its own. The batcher keeps the queue, the wait, the futures and the compile thread; which
+items share a call is runtime/batching.py's `Grouping`, how a batch is planned, compiled and run the
+encoder's (`prepare_batch`, `ready`, `compile`, `run`).
 
     b = Batcher(enc, budget=16384, max_wait_s=0.005, metrics=m)
     job = b.submit(Job(patches, grid, deepstack=False))   # job.future -> cache.Result
@@ -8,23 +10,22 @@ thread of its own.
 
 The models are HF's text-embeddings-inference router (a queue, a max wait, batches cut by a token
 budget) and infinity's batch queue; ours cuts by patches. A batch is the oldest waiting item plus
-the later items, in arrival order, of the same pixel form (same Patches table and frames per row)
-that fit the patch budget and whose widest frames are of the head's frame class or up to 4x
-smaller (plan.frame_class: the key window of a batch plan follows its largest frames, which much
-smaller ones would pay for). It leaves when the budget is full (the next such item would not fit)
+the later items, in arrival order, that the grouping admits (one pixel form, frame classes close)
+and that fit the patch budget. It leaves when the budget is full (the next such item would not fit)
 or when its oldest item has waited `max_wait_s`; items that arrived while the previous batch ran
 have waited already, so under load batches leave back to back and the device never idles while
 items wait.
 
-A batch is one `enc.prepare(..., batched=True)` + `enc.run`: several items run in a batch plan,
+A batch is one `enc.prepare_batch` (planned once) + `enc.run`: several items run in a batch plan,
 whose bucket follows the rung and the frame class, not the mix of sizes, so random batches compile
-a bounded number of programs (plan/choice.py); an item's embedding is what `encode_images` gives
-within padding invariance. An item alone runs as `encode` runs it: bit for bit what it gives
-alone (its declared size's tight buckets too). An item larger than the budget runs alone.
+a bounded number of programs; an item's embedding is what `encode_images` gives within padding
+invariance. An item alone runs as `encode` runs it: bit for bit what it gives alone (its declared
+size's tight buckets too). An item larger than the budget runs alone.
 
-The device does not wait for a new batch shape: its program compiles on a thread of its own while
-the batch's longest prefix with a compiled program runs (else its head alone, whose own program
-is compiled as `encode` would compile it), and the rest waits for the next batch.
+The device does not wait for a new batch shape: its programs compile on a thread of its own while
+the batch's longest leading part with compiled programs runs (`prepare_batch(compiled=True)`; else
+its head alone, whose own program is compiled as `encode` would compile it), and the rest waits
+for the next batch.
 
 A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
 its request), its neighbours are answered.
@@ -42,7 +43,8 @@ import time
 
 import numpy as np
 
-from qwen_vit_jax.plan import Patches, batch_rows, frame_class
+from qwen_vit_jax.plan import Patches
+from qwen_vit_jax.runtime.batching import Grouping, Shape, shape_of
 from qwen_vit_jax.serve.cache import Result
 
 log = logging.getLogger("qwen_vit_jax.serve")
@@ -62,31 +64,24 @@ class Job:
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
     @functools.cached_property  # read on every pass over the queue
-    def frame_class(self) -> int:
-        """plan.frame_class of its widest frame: a batch plan's key window follows its largest one."""
-        return frame_class(int((self.grid[:, 1] * self.grid[:, 2]).max()))
-
-    @functools.cached_property
-    def form(self) -> tuple:
-        """What must agree within one call: the pixel table and the frames per row."""
-        return (self.patches.table.tobytes(), self.patches.frames_per_patch, self.patches.temporal_patch_size)
+    def shape(self) -> Shape:
+        """What the grouping reads of it (runtime/batching.py)."""
+        return shape_of(self.patches, self.grid)
 
 
 class Batcher:
-    """Jobs -> batches -> `enc.encode`, on one device thread (see the module docstring)."""
+    """Jobs -> batches -> `enc.run`, on one device thread (see the module docstring)."""
 
     def __init__(self, enc, budget: int, max_wait_s: float, metrics=None):
-        if budget <= 0:
-            raise ValueError(f"the patch budget must be positive, got {budget}")
+        self.grouping = Grouping(budget, batched=True)  # a ValueError for a budget that is not positive
         self.enc, self.budget, self.max_wait_s, self.metrics = enc, budget, max_wait_s, metrics
         self._pending: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
         self.batches = 0  # device calls made
-        # new batch shapes compile here, off the device thread (one at a time: Programs' lock)
+        # new batch shapes compile here, off the device thread (one at a time: the encoder's lock)
         self._compiles = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qvj-compile")
-        self._compiling: set[tuple] = set()  # (bucket, frames) handed to it
-        self._batch_plans = enc.mesh is None  # a mesh balances a batch's frames over its devices instead
+        self._compiling: set[tuple] = set()  # prepared.programs handed to it
         self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
         self._thread.start()
 
@@ -122,54 +117,28 @@ class Batcher:
         self._compiles.shutdown(wait=False, cancel_futures=True)
 
     # ---- the device thread -------------------------------------------------------------------
-    def _take(self) -> tuple[list[Job], bool]:
-        """The batch the oldest job would leave in now, and whether it is full."""
-        head = self._pending[0]
-        form, top, batch, total = head.form, head.frame_class, [], 0
-        for job in self._pending:
-            if job.form != form or not top <= 4 * job.frame_class <= 4 * top:
-                continue
-            n = len(job.patches)
-            if batch and total + n > self.budget:
-                return batch, True
-            batch.append(job)
-            total += n
-        return batch, total >= self.budget
+    def _planned(self, batch: list[Job]):
+        """(the jobs that leave now, their prepared call): the batch planned once if its programs
+        are compiled; else (its programs queued for the compile thread) its longest leading part
+        whose programs are, or its head alone. (batch, None) when planning fails: a bad item, which
+        `_run` tries alone."""
+        enc, items = self.enc, [(j.patches, j.grid) for j in batch]
+        try:
+            prepared = enc.prepare_batch(items)
+            if len(batch) > 1 and not enc.ready(prepared):
+                self._compile(prepared)
+                prepared = enc.prepare_batch(items, compiled=True)
+        except ValueError:
+            return batch, None
+        return batch[: len(prepared.items)], prepared
 
-    def _compiled(self, batch: list[Job]) -> list[Job]:
-        """The batch if its program is compiled; else (its program queued for the compile thread)
-        its longest prefix whose program is, or the head alone: the device does not wait for a new
-        batch shape (an item alone waits for its own program, as encode would)."""
-        enc, frames = self.enc, batch[0].patches.frames_per_patch
-        sizes = np.cumsum([len(j.patches) for j in batch])
-        if len(batch) < 2 or not self._batch_plans or sizes[-1] > enc.policy.max_patches:
-            return batch  # planned as encode plans it
-        widest = np.maximum.accumulate([j.frame_class for j in batch])
-        seen = set()
-        for k in range(len(batch), 1, -1):
-            shape = (batch_rows(int(sizes[k - 1]), enc.policy), int(widest[k - 1]))
-            if shape in seen:
-                continue
-            seen.add(shape)
-            grid = np.concatenate([j.grid for j in batch[:k]])
-            try:
-                buckets = [p.bucket for p in enc.bucket_choice.batch_plans(grid)]
-            except ValueError:  # a bad item: _run tries the items alone and fails it alone
-                return batch
-            if all(enc.programs.ready(b, frames) for b in buckets):
-                return batch[:k]
-            if k == len(batch):
-                self._compile(buckets, frames)
-        return batch[:1]
+    def _compile(self, prepared) -> None:
+        """Compile a batch's programs on the compile thread (once, however often asked)."""
+        if prepared.programs not in self._compiling:
+            self._compiling.add(prepared.programs)
+            self._compiles.submit(self.enc.compile, prepared).add_done_callback(_log_failure)
 
-    def _compile(self, buckets: list, frames: int | None) -> None:
-        """Compile these programs on the compile thread (once, however often asked)."""
-        for b in buckets:
-            if (b, frames) not in self._compiling:
-                self._compiling.add((b, frames))
-                self._compiles.submit(self.enc.programs.get, b, frames).add_done_callback(_log_failure)
-
-    def _next_batch(self) -> list[Job] | None:
+    def _next_batch(self):
         with self._cond:
             while True:
                 if not self._pending:
@@ -177,29 +146,30 @@ class Batcher:
                         return None
                     self._cond.wait()
                     continue
-                batch, full = self._take()
+                batch, full = self.grouping.take(self._pending, lambda job: job.shape)
                 wait = self._pending[0].enqueued + self.max_wait_s - time.perf_counter()
                 if full or wait <= 0 or self._closing:
-                    batch = self._compiled(batch)
+                    batch, prepared = self._planned(batch)
                     for job in batch:
                         self._pending.remove(job)
-                    return batch
+                    return batch, prepared
                 self._cond.wait(wait)
 
     def _loop(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
-            if batch:
-                self._run(batch)
+        while (taken := self._next_batch()) is not None:
+            batch, prepared = taken
+            running = [j for j in batch if j.future.set_running_or_notify_cancel()]
+            if running:
+                self._run(running, prepared if len(running) == len(batch) else None)
 
-    def _run(self, batch: list[Job]) -> None:
+    def _run(self, batch: list[Job], prepared=None) -> None:
         m = self.metrics
         now = time.perf_counter()
         if m is not None:
             for job in batch:
                 m.stage.labels("queue").observe(job.waited + now - job.enqueued)
         try:
-            results = self._encode(batch)
+            results = self._encode(batch, prepared)
         except Exception as e:  # noqa: BLE001 (any failure of the call: the items are tried alone)
             if len(batch) == 1:
                 batch[0].future.set_exception(e)
@@ -215,33 +185,26 @@ class Batcher:
         for job, r in zip(batch, results):
             job.future.set_result(r)
 
-    def _encode(self, batch: list[Job]) -> list[Result]:
-        """One `enc.encode` call for the batch, split per job."""
+    def _encode(self, batch: list[Job], prepared=None) -> list[Result]:
+        """One device call for the batch (planned now unless `prepared`), split per job."""
         enc, m = self.enc, self.metrics
-        grid = np.concatenate([j.grid for j in batch])  # [k, 3]
-        patches = Patches.concatenate([j.patches for j in batch])  # [sum N, S, p, p, C]
         deepstack = any(j.deepstack for j in batch)
         t0 = time.perf_counter()
-        # A batch plan (several items): its bucket follows the rung and the widest frame's class,
-        # not the mix of sizes, so random batches compile few programs; one item runs as in encode.
-        prepared = enc.prepare(patches, grid, batched=True)
-        buckets = prepared.buckets
-        for b in buckets:  # compiled now if new (the call would compile it anyway)
-            enc.programs.get(b, prepared.frames)
-        out = enc.run(prepared, deepstack)
+        if prepared is None:
+            prepared = enc.prepare_batch([(j.patches, j.grid) for j in batch])
+        out = enc.run(prepared, deepstack)  # an item alone: compiled now if new, as encode would
         tokens, features = out if deepstack else (out, None)
         self.batches += 1
         if m is not None:
             m.stage.labels("device").observe(time.perf_counter() - t0)
-            rows = sum(b.patches for b in buckets)
+            rows, real = prepared.padded_rows, sum(len(j.patches) for j in batch)
             m.batch_items.observe(len(batch))
-            m.batch_fill.observe(min(len(patches) / self.budget, 1.0))
-            m.batch_padding.observe((rows - len(patches)) / rows if rows else 0.0)
-        cuts = np.cumsum([len(j.patches) // enc.cfg.merge_unit for j in batch])[:-1]
+            m.batch_fill.observe(min(real / self.budget, 1.0))
+            m.batch_padding.observe((rows - real) / rows if rows else 0.0)
         own = len(batch) > 1  # each item its own rows: a cached result must not hold the whole batch
-        embs = [e.copy() if own else e for e in np.split(tokens, cuts)]
+        embs = [e.copy() if own else e for e in prepared.split(tokens)]
         per_layer = (
-            [[x.copy() if own else x for x in np.split(f, cuts)] for f in features] if features is not None else None
+            [[x.copy() if own else x for x in prepared.split(f)] for f in features] if features is not None else None
         )
         return [
             Result(

@@ -1,10 +1,12 @@
 """What the service remembers: an item's `Result`, in an in-memory LRU bounded in bytes and, with
-`--cache DIR`, in the CLI's content-hash cache on disk (qwen_vit_jax.data.cache: the same entries
-`qwen-vit-jax encode --cache DIR` reads and writes for this checkpoint, dtype and preprocessing).
+`--cache DIR`, in the content-hash cache on disk that `qwen-vit-jax encode --cache DIR` shares
+(qwen_vit_jax.data.cache.ContentCache).
 
-Keys are (sha256 of the item's bytes, a video's fps or None). A video sampled at another fps is
-another entry; on disk it lives under the fingerprint of that video configuration, exactly where
-`encode --fps F` puts it. Deepstack features live only in memory (the disk format holds the
+Keys are (settings fingerprint, sha256 of the item's bytes): data/cache.py's one recipe, the
+fingerprint covering the checkpoint, the dtype, the item's kind and its kind's preprocessing as the
+workers ran it (a video's fps from its request applied). The same bytes as an image and as a video,
+or a video at two fps, are different entries, in memory and on disk, where an entry lives exactly
+where `encode` puts it. Deepstack features live only in memory (the disk format holds the
 embedding alone): a request for them misses an entry without them.
 """
 
@@ -71,40 +73,3 @@ class MemoryLRU:
     def nbytes(self) -> int:
         """The bytes of the results held (at most `capacity`)."""
         return self._bytes
-
-
-class DiskCache:
-    """The CLI's content-hash cache for one checkpoint, dtype and preprocessing; one
-    `EmbeddingCache` per video sampling (fps) met."""
-
-    def __init__(self, root: str, weights_fingerprint: str, dtype: str, preprocess, video_preprocess):
-        self.root, self.weights, self.dtype = root, weights_fingerprint, dtype
-        self.image = {**preprocess.to_dict(), "fast_decode": False}  # as `encode` keys it (no --fast-decode)
-        self.video = video_preprocess
-        self._caches: dict = {}
-        self._lock = threading.Lock()
-
-    def _cache(self, fps: float | None):
-        from qwen_vit_jax.data.cache import EmbeddingCache, run_fingerprint
-
-        with self._lock:
-            c = self._caches.get(fps)
-            if c is None:
-                video = self.video
-                if fps is not None:  # what `encode --fps F` records
-                    video = dataclasses.replace(video, do_sample_frames=True, fps=float(fps), num_frames=None)
-                fp = run_fingerprint(self.weights, self.dtype, self.image, video.to_dict())
-                c = self._caches[fps] = EmbeddingCache(self.root, fp)
-            return c
-
-    def get(self, key: tuple) -> Result | None:
-        digest, fps = key
-        row = self._cache(fps).get(digest)
-        if row is None:
-            return None
-        grid, emb, stamps = row
-        return Result(grid, emb, stamps)
-
-    def put(self, key: tuple, r: Result) -> None:
-        digest, fps = key
-        self._cache(fps).put(digest, r.grid, r.embedding, r.timestamps)

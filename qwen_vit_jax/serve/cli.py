@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from qwen_vit_jax.config import parse_sizes
-from qwen_vit_jax.serve.settings import Settings, default_workers
+from qwen_vit_jax.data.workers import default_workers
+from qwen_vit_jax.serve.settings import Settings
 
 SERVE_HELP = """\
 Serve the tower over HTTP: POST /v1/embeddings takes images and videos as bytes (base64 or data:
@@ -57,7 +58,7 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
         "--workers",
         type=int,
         metavar="N",
-        help="preparation worker processes (default: cores - 1, 1..8; 0: a thread)",
+        help="preparation worker processes (default: cores - 1, at least 1; 0: a thread)",
     )
     p.add_argument("--max-items", type=int, default=64, help="items per request at most (default 64; 413 past)")
     p.add_argument("--max-body-mb", type=int, default=64, help="request body MiB at most (default 64; 413 past)")
@@ -76,6 +77,11 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
         help="idle connections close after S seconds (default 30)",
     )
     p.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache directory")
+    p.add_argument(
+        "--warmup-batches",
+        action=argparse.BooleanOptionalAction,
+        help="compile the batch shapes of the --declare sizes before ready (default: on with --compile-cache)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
     return p
@@ -102,6 +108,7 @@ def settings_from(args) -> Settings:
         max_connections=args.max_connections,
         keep_alive_s=args.keep_alive,
         compile_cache=args.compile_cache,
+        warmup_batches=args.warmup_batches,
     )
 
 

@@ -47,10 +47,11 @@ def prepare_item(config, video_config, variant: str, kind: str, payload: bytes, 
     """What a worker does with one item: Prepare's dict for its bytes. A video goes through a
     temporary file of the worker's own (PyAV reads files); the request never names a path."""
     from qwen_vit_jax.data.pipeline import Prepare
+    from qwen_vit_jax.preprocess.config import Preprocessing
 
     if kind == "video":
-        if fps is not None:
-            video_config = dataclasses.replace(video_config, do_sample_frames=True, fps=float(fps), num_frames=None)
+        if fps is not None:  # what fps= does, said once: Preprocessing.with_limits
+            video_config = Preprocessing(image=config, video=video_config, variant=variant).with_limits(fps=fps).video
         with tempfile.NamedTemporaryFile(suffix=".mp4") as f:  # the suffix makes Prepare read it as a video
             f.write(payload)
             f.flush()

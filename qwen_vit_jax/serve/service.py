@@ -4,9 +4,11 @@
     svc.load()                                    # a thread: the encoder, declared sizes, workers
     results = await svc.embed(items, deepstack)   # [(Result, cached)] in order, or Failure
 
-An item's way: its bytes' sha256 (hashed with the request's parsing) -> the in-memory LRU -> an
+An item's way: its key (its bytes' sha256, hashed with the request's parsing, and the settings
+fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-memory LRU -> an
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
-a preparation worker (prepare.py) -> the batcher (batcher.py) -> the caches. Admission counts
+a preparation worker (prepare.py) -> the batcher (batcher.py) -> the caches. One `preprocessing`
+serves the workers and the keys: what an item is prepared with is what its key says. Admission counts
 items: past `max_queue` items admitted and not answered a request is refused (`Busy`, a 429) before
 anything of it is done, so memory stays bounded under overload. A request that is cancelled (its
 client gone, its timeout) withdraws its items: a queued item no other request waits for is dropped
@@ -17,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 import time
 
-import numpy as np
-
-from qwen_vit_jax.serve.cache import DiskCache, MemoryLRU, Result
+from qwen_vit_jax.serve.cache import MemoryLRU, Result
 from qwen_vit_jax.serve.prepare import PreparePool, Task, WorkerDied
 from qwen_vit_jax.serve.settings import Settings
 
@@ -56,10 +57,6 @@ class Item:
     digest: str
     fps: float | None = None
 
-    @property
-    def key(self) -> tuple:
-        return (self.digest, self.fps if self.kind == "video" else None)
-
 
 class _Flight:
     """An item being computed, and how many requests wait for it."""
@@ -74,11 +71,12 @@ class Service:
     def __init__(self, settings: Settings, metrics):
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
-        self.enc = self.pool = self.batcher = self.disk = None
+        self.enc = self.pool = self.batcher = self.disk = self.preprocessing = None
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
-        self._tables: dict = {}
+        self._weights = ""  # the checkpoint's fingerprint, with --cache (its keys name the checkpoint)
+        self._unpack = None  # a worker's dict -> Patches, grid, timestamps (data/pipeline.Unpack)
         self._closed = threading.Event()
 
     # ---- life ----------------------------------------------------------------------------------
@@ -88,29 +86,27 @@ class Service:
         s = self.settings
         try:
             enc = encoder if encoder is not None else _load_encoder(s)
-            if s.declare:  # tight buckets on one device; several devices compile the mesh's rungs
-                enc.warmup([[list(g)] for g in s.declare], tight=len(enc.devices) == 1, uint8=True)
-            from qwen_vit_jax.preprocess.images import pixel_table
+            budget = s.max_batch_patches or enc.max_batch_patches
+            if s.declare:  # their tight buckets: an item of such a size alone runs as encode runs it
+                enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
+            if s.warmup_batches:
+                self._warm(enc, budget)
+            self.preprocessing = enc.preprocessing  # what the workers prepare with, and the keys follow
+            from qwen_vit_jax.data.pipeline import Unpack
 
-            self._tables = {
-                "image": (pixel_table(enc.preprocess), enc.preprocess.temporal_patch_size),
-                "video": (pixel_table(enc.video_preprocess), enc.video_preprocess.temporal_patch_size),
-            }
+            self._unpack = Unpack(self.preprocessing.image, self.preprocessing.video)
             if s.cache:
-                from qwen_vit_jax.data.cache import checkpoint_fingerprint
+                from qwen_vit_jax.data.cache import ContentCache, checkpoint_fingerprint
                 from qwen_vit_jax.weights.sources import resolve_source
 
-                weights = checkpoint_fingerprint(resolve_source(s.checkpoint).path)
-                self.disk = DiskCache(s.cache, weights, enc.dtype, enc.preprocess, enc.video_preprocess)
+                self._weights = checkpoint_fingerprint(resolve_source(s.checkpoint).path)
+                self.disk = ContentCache(s.cache, self._weights, enc.dtype)
             from qwen_vit_jax.serve.batcher import Batcher
 
-            self.pool = PreparePool(
-                enc.preprocess, enc.video_preprocess, enc.cfg.variant, s.workers, on_replace=self.metrics.replaced.inc
-            )
+            p = self.preprocessing
+            self.pool = PreparePool(p.image, p.video, p.variant, s.workers, on_replace=self.metrics.replaced.inc)
             self.pool.wait_started()
-            self.batcher = Batcher(
-                enc, s.max_batch_patches or enc.max_batch_patches, s.max_wait_ms / 1000, self.metrics
-            )
+            self.batcher = Batcher(enc, budget, s.max_wait_ms / 1000, self.metrics)
             self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
             self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
@@ -123,6 +119,30 @@ class Service:
             raise
         self.ready = True
         log.info("ready: %s (%s, %s)", s.checkpoint, enc.cfg.variant, enc.dtype)
+
+    def _warm(self, enc, budget: int) -> None:
+        """Compile (or load from the compilation cache) the batch shapes the declared sizes form
+        under the budget (runtime/batching.warm_batches), before ready; logs how many and how long."""
+        from qwen_vit_jax.runtime.batching import Grouping, warm_batches
+
+        if not self.settings.declare:
+            log.info("warm-up: no declared sizes (--declare): batch shapes compile as traffic meets them")
+            return
+        t0 = time.perf_counter()
+        batches = warm_batches(self.settings.declare, Grouping(budget, batched=True), enc.policy)
+        before = enc.compile_count
+        enc.warmup(batches, uint8=True, batched=True)
+        log.info(
+            "warm-up: %d batch shapes of the declared sizes %s (%d programs compiled or loaded) in %.1f s",
+            len(batches),
+            ",".join("x".join(map(str, g)) for g in self.settings.declare),
+            enc.compile_count - before,
+            time.perf_counter() - t0,
+        )
+
+    def key(self, item: Item) -> tuple[str, str]:
+        """An item's cache key: (the settings fingerprint of its kind and preprocessing, its sha256)."""
+        return _fingerprint(self._weights, self.enc.dtype, self.preprocessing, item.kind, item.fps), item.digest
 
     def close(self) -> None:
         """Encode what is queued, then stop the device thread and the workers."""
@@ -166,7 +186,7 @@ class Service:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one(self, item: Item, deepstack: bool) -> tuple[Result, bool]:
-        key = item.key
+        key = self.key(item)
         r = self.memory.get(key, deepstack)
         if r is not None:
             self.metrics.cache.labels("memory").inc()
@@ -178,7 +198,7 @@ class Service:
             self.metrics.cache.labels("inflight").inc()
             flight.refs += 1
         else:
-            flight = self._inflight[fkey] = _Flight(asyncio.ensure_future(self._compute(item, deepstack)))
+            flight = self._inflight[fkey] = _Flight(asyncio.ensure_future(self._compute(item, key, deepstack)))
             flight.task.add_done_callback(lambda _t, f=flight: self._land(fkey, f))
         try:
             r, cached = await asyncio.shield(flight.task)
@@ -195,12 +215,13 @@ class Service:
         if self._inflight.get(fkey) is flight:
             del self._inflight[fkey]
 
-    async def _compute(self, item: Item, deepstack: bool) -> tuple[Result, bool]:
-        m, key = self.metrics, item.key
+    async def _compute(self, item: Item, key: tuple[str, str], deepstack: bool) -> tuple[Result, bool]:
+        m = self.metrics
         if self.disk is not None and not deepstack:
-            r = await asyncio.to_thread(self.disk.get, key)
-            if r is not None:
+            row = await asyncio.to_thread(self.disk.get, *key)
+            if row is not None:
                 m.cache.labels("disk").inc()
+                r = Result(*row)
                 self.memory.put(key, r)
                 return r, True
         m.cache.labels("miss").inc()
@@ -217,17 +238,9 @@ class Service:
         waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
         if d.get("error"):
             raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
-        from qwen_vit_jax.plan.contract import Patches
         from qwen_vit_jax.serve.batcher import Job
 
-        table, t = self._tables[item.kind]
-        job = Job(
-            Patches(np.asarray(d["data"]), table, t),
-            np.array([d["grid"]], np.int64),
-            np.array(d["timestamps"], np.float64),
-            deepstack,
-            waited,
-        )
+        job = Job(*self._unpack(d), deepstack, waited)
         self.batcher.submit(job)
         try:
             r = await asyncio.wrap_future(job.future)
@@ -241,9 +254,9 @@ class Service:
             asyncio.get_running_loop().run_in_executor(None, self._disk_put, key, r)
         return r, False
 
-    def _disk_put(self, key: tuple, r: Result) -> None:
+    def _disk_put(self, key: tuple[str, str], r: Result) -> None:
         try:
-            self.disk.put(key, r)
+            self.disk.put(*key, r.grid, r.embedding, r.timestamps)
         except OSError as e:  # a full or read-only disk: served all the same, logged
             log.warning("cache write failed: %s", e)
 
@@ -254,10 +267,17 @@ def _load_encoder(s: Settings):
 
     from qwen_vit_jax.runtime.encoder import VisionEncoder
 
-    devices = jax.local_devices()
     return VisionEncoder.from_pretrained(
-        s.checkpoint,
-        dtype=s.dtype,
-        compilation_cache_dir=s.compile_cache,
-        devices=devices if len(devices) > 1 else None,
+        s.checkpoint, dtype=s.dtype, compilation_cache_dir=s.compile_cache, devices=jax.local_devices()
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _fingerprint(weights: str, dtype: str, preprocessing, kind: str, fps: float | None) -> str:
+    """data/cache.py's settings fingerprint of an item of `kind` prepared with `preprocessing` and a
+    request's fps (prepare.py applies it the same way: Preprocessing.with_limits)."""
+    from qwen_vit_jax.data.cache import fingerprint
+
+    if kind == "video" and fps is not None:
+        preprocessing = preprocessing.with_limits(fps=fps)
+    return fingerprint(weights, dtype, preprocessing, kind)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import os
 import pathlib
 
 LOOPBACK_NAMES = ("localhost",)
@@ -40,6 +39,8 @@ class Settings:
     keep_alive_s: an idle connection is closed after this. Longer than clients keep idle
       connections (httpx: 5 s), so a client never sends on a connection the server is closing.
     compile_cache: JAX's persistent compilation cache directory, or None.
+    warmup_batches: before ready, compile (or load from compile_cache) the batch shapes the declared
+      sizes form under the patch budget; None (the default): on when compile_cache is set.
     """
 
     checkpoint: str
@@ -61,8 +62,11 @@ class Settings:
     max_connections: int = 512
     keep_alive_s: float = 30.0
     compile_cache: str | None = None
+    warmup_batches: bool | None = None
 
     def __post_init__(self):
+        if self.warmup_batches is None:  # a restart with the same compile cache loads them in seconds
+            object.__setattr__(self, "warmup_batches", self.compile_cache is not None)
         positive = ("max_queue", "max_items", "max_body_bytes", "max_image_pixels", "max_connections")
         for name in positive:
             value = getattr(self, name)
@@ -111,9 +115,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def default_workers() -> int:
-    """One preparation worker per core left after the server process, at least one, at most 8."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(max(cores - 1, 1), 8)

@@ -102,8 +102,8 @@ def compile_bucket(
 ) -> tuple[jax.stages.Compiled, BucketReport]:
     """Compile the encoder's program for one bucket on `devices` devices of `target`, deviceless.
 
-    One device: the encoder's single-device program; several: its mesh program (one `shard_map`
-    over the frames, parameters replicated; memory is per device). frames: the pixels it takes,
+    The encoder's mesh program (one `shard_map` over the frames, parameters replicated; memory is
+    per device), on a mesh of one for one device. frames: the pixels it takes,
     uint8 `Patches` of 1 frame per row (images, what encode_images and the CLI send; the default),
     of T frames (videos), or None for HF's float rows. Returns (the compiled executable, its
     BucketReport).
@@ -119,10 +119,7 @@ def compile_bucket(
     def one(state, pixels, plan):
         return forward(graphdef, state, pixels, plan)
 
-    if devices == 1:
-        fn, args = one, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), specs)
-    else:
-        fn, args = mesh_program(one, mesh), mesh_specs(specs, mesh)
+    fn, args = mesh_program(one, mesh), mesh_specs(specs, mesh)  # one device: a mesh of one, as the encoder
     traced = jax.jit(one).trace(state, *input_specs(cfg, bucket, dtype, frames))  # one device's work, for the counts
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(state, *args).compile()

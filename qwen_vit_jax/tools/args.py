@@ -105,8 +105,7 @@ def load_encoder(checkpoint: str, dtype: str, compile_cache: str | None = None):
             if not _listening:  # once, however many encoders
                 jax.monitoring.register_event_listener(_count_loads)
                 _listening.append(True)
-    devices = jax.local_devices()
-    return VisionEncoder.from_pretrained(checkpoint, dtype=dtype, devices=devices if len(devices) > 1 else None)
+    return VisionEncoder.from_pretrained(checkpoint, dtype=dtype, devices=jax.local_devices())  # one: a mesh of one
 
 
 # ---- help texts -----------------------------------------------------------------------------------

@@ -6,15 +6,14 @@ processes, then run the encode loop (data/encode_files.py). Building the parser 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import sys
 import tempfile
 from collections import Counter
 
-from qwen_vit_jax.data.embeddings import FORMAT, VERSION
 from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.data.workers import cores, default_workers
 from qwen_vit_jax.tools.args import (
     ENCODE_HELP,
     PROG,
@@ -93,10 +92,10 @@ def add_parser(sub, fmt) -> None:
 
 def command(args) -> int:
     from qwen_vit_jax.data import parquet
-    from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
+    from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, run_metadata, shard_path, write_index
     from qwen_vit_jax.data.encode_files import encode_files
     from qwen_vit_jax.data.inputs import EncodeError
-    from qwen_vit_jax.data.pipeline import default_workers, tune_allocator
+    from qwen_vit_jax.data.pipeline import tune_allocator
     from qwen_vit_jax.data.sinks import open_sink
     from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
     from qwen_vit_jax.runtime import multihost
@@ -146,19 +145,17 @@ def command(args) -> int:
             "(--key-column picks another column; --allow-duplicate-keys encodes each all the same)"
         )
 
+    if args.fps is not None and args.num_frames is not None:
+        raise CommandError("--fps and --num-frames are mutually exclusive")
     enc = load_encoder(args.checkpoint, args.dtype, compile_cache_dir(args))
-    limits = {k: v for k, v in (("min_pixels", args.min_pixels), ("max_pixels", args.max_pixels)) if v is not None}
-    image_cfg = dataclasses.replace(enc.preprocess, **limits)
-    video_cfg = dataclasses.replace(enc.video_preprocess, **limits, **_sampling(args))
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        # a directory by its absolute path, a hub id (not a path) as given
-        "checkpoint": str(pathlib.Path(ckpt).resolve()) if os.path.exists(ckpt := args.checkpoint) else ckpt,
-        "dtype": enc.dtype,
-        "preprocess": image_cfg.to_dict(),
-        "video_preprocess": video_cfg.to_dict(),
-    }
+    # the flags as a call's fps= / num_frames= / max_frames= and pixel limits: recorded in OUT's
+    # metadata (checked by --resume) and in the cache's key
+    prep = enc.preprocessing.with_limits(
+        args.min_pixels, args.max_pixels, fps=args.fps, num_frames=args.num_frames, max_frames=args.max_frames
+    )
+    # a directory by its absolute path, a hub id (not a path) as given
+    ckpt = str(pathlib.Path(args.checkpoint).resolve()) if os.path.exists(args.checkpoint) else args.checkpoint
+    meta = run_metadata(ckpt, enc.dtype, prep)
     sink = open_sink(target, meta, enc.cfg.out_dim, args.resume)
     held = Counter(sink.done)  # keys, counted: with --allow-duplicate-keys a key may stand for several inputs
     if args.resume and sharded:  # what the other processes' shards hold is done too
@@ -171,7 +168,7 @@ def command(args) -> int:
         multihost.barrier("qwen_vit_jax encode: start")
     # This process's part of the inputs (all when alone), fixed by the inputs alone: a resumed run
     # gives each process the part it had, and packs what is left of it as the clean run did.
-    mine = _share(records, cluster, image_cfg, video_cfg, enc.cfg.variant)
+    mine = _share(records, cluster, prep.image, prep.video, enc.cfg.variant)
     todo = _left(mine, held)
     if args.resume:
         where = f"the shards of {out}" if sharded else str(out)
@@ -199,14 +196,14 @@ def command(args) -> int:
             todo,
             target,
             meta,
-            preprocessing=dataclasses.replace(enc.preprocessing, image=image_cfg, video=video_cfg),
+            preprocessing=prep,
             batch_patches=args.batch_patches or enc.max_batch_patches,
             keep_going=args.keep_going or sharded,
             resume=args.resume,
             save_empty=sharded,
             workers=workers,
             fast_decode=args.fast_decode,
-            cache=_cache(args, meta),
+            cache=_cache(args, enc.dtype),
             sink=sink,
             progress=_Shown(),
         )
@@ -245,11 +242,6 @@ def command(args) -> int:
 def _loaded_note(n: int) -> str:
     """How many of the programs came from the compile cache (a second run of a command: all)."""
     return f", {n} of them loaded from the compile cache" if n else ""
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def capped_workers(asked: int | None) -> int | None:
@@ -341,24 +333,13 @@ def _share(records: list, cluster, image_cfg, video_cfg, variant: str) -> list:
     return multihost.share(records, cluster, lambda r: 1)
 
 
-def _cache(args, meta: dict):
-    """The content-hash cache of --cache, keyed by the checkpoint's files, the dtype and preprocessing."""
+def _cache(args, dtype: str):
+    """The content-hash cache of --cache: entries keyed by the checkpoint's files, the dtype, each
+    item's kind and preprocessing (data/cache.py's one recipe, the service's too)."""
     if not args.cache:
         return None
-    from qwen_vit_jax.data.cache import EmbeddingCache, checkpoint_fingerprint, run_fingerprint
+    from qwen_vit_jax.data.cache import ContentCache, checkpoint_fingerprint
     from qwen_vit_jax.weights.sources import resolve_source
 
     weights = checkpoint_fingerprint(resolve_source(args.checkpoint).path)
-    image = {**meta["preprocess"], "fast_decode": args.fast_decode}  # --fast-decode changes the pixels
-    return EmbeddingCache(args.cache, run_fingerprint(weights, meta["dtype"], image, meta["video_preprocess"]))
-
-
-def _sampling(args) -> dict:
-    """--fps / --num-frames / --max-frames as video PreprocessConfig fields (what a call's
-    fps= / num_frames= / max_frames= do; recorded in OUT's metadata, checked by --resume)."""
-    if args.fps is not None and args.num_frames is not None:
-        raise CommandError("--fps and --num-frames are mutually exclusive")
-    kw = {"max_frames": args.max_frames} if args.max_frames is not None else {}
-    if args.fps is not None or args.num_frames is not None:
-        kw.update(do_sample_frames=True, fps=args.fps, num_frames=args.num_frames)
-    return kw
+    return ContentCache(args.cache, weights, dtype, fast_decode=args.fast_decode)  # --fast-decode: other pixels
