@@ -206,3 +206,63 @@ def test_no_private_encoder_access_outside_runtime():
 def test_encoder_is_a_small_facade():
     n = len((ROOT / "runtime" / "encoder.py").read_text().splitlines())
     assert n < MAX_ENCODER_LINES, f"runtime/encoder.py has {n} lines; its parts hold the work (<{MAX_ENCODER_LINES})"
+
+
+def _names(path: pathlib.Path) -> set[str]:
+    """Every name and attribute a module's code uses (ast.Name ids and ast.Attribute attrs)."""
+    tree = ast.parse(path.read_text())
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+    }
+
+
+GROUPING_CALLERS = ("runtime/encoder.py", "data/encode_files.py", "serve/batcher.py")
+
+
+def test_one_grouping_rule_serves_every_caller():
+    """Which items share a device call is decided in runtime/batching.py alone: encode_patches, the
+    CLI's encode loop and the service's batcher all group with its `Grouping`, and no module outside
+    runtime/ and plan/ reads the pieces of the rule (frame classes, batch rows, pixel tables)."""
+    for rel in GROUPING_CALLERS:
+        name = "qwen_vit_jax." + rel[:-3].replace("/", ".")
+        assert "qwen_vit_jax.runtime.batching" in GRAPH[name], f"{rel} does not group with runtime/batching.py"
+        used = _names(ROOT / rel)
+        assert "Grouping" in used and used & {"pack", "take", "joins"}, f"{rel} does not use Grouping"
+    pieces = {"frame_class", "batch_rows", "make_batch_plan", "batch_plans"}
+    for name, path in MODULES.items():
+        if _layer(name)[0] not in ("runtime", "plan"):
+            assert not _names(path) & pieces, f"{name} reads a piece of the grouping rule: {_names(path) & pieces}"
+    assert "table" not in _names(ROOT / "data" / "encode_files.py")  # the pixel form is the rule's
+
+
+def test_the_batcher_keeps_only_the_queue():
+    """serve/batcher.py keeps the queue, the wait, the futures and the compile thread: it imports
+    nothing from plan/ but `Patches` and touches neither the encoder's programs nor its bucket choice
+    (the encoder plans, checks and compiles a batch: prepare_batch, ready, compile)."""
+    path = ROOT / "serve" / "batcher.py"
+    tree = ast.parse(path.read_text())
+    from_plan = [
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("qwen_vit_jax.plan")
+        for a in n.names
+    ]
+    assert from_plan == ["Patches"], from_plan
+    assert not {m for m in GRAPH["qwen_vit_jax.serve.batcher"] if m.startswith("qwen_vit_jax.plan.")} - {
+        "qwen_vit_jax.plan.contract"
+    }
+    assert not _names(path) & {"programs", "bucket_choice", "policy", "mesh", "devices"}, _names(path)
+
+
+def test_one_device_is_a_mesh_of_one():
+    """Only runtime/program.py (`Programs`) asks how many devices there are: no `mesh is None`, no
+    `len(devices) > 1` or `== 1` anywhere else."""
+    asks = re.compile(r"mesh is (not )?None|len\([\w.]*devices\) (>|==|<=|!=) 1|devices if len")
+    found = [
+        f"{name}: {line.strip()}"
+        for name, path in MODULES.items()
+        if name != "qwen_vit_jax.runtime.program"
+        for line in path.read_text().splitlines()
+        if asks.search(line)
+    ]
+    assert not found, "one-device-or-mesh checks outside Programs:\n" + "\n".join(found)

@@ -60,7 +60,7 @@ class Prepared:
         return [s.plan.bucket for s in self.steps]
 
     @property
-    def programs(self) -> tuple[tuple[planlib.Bucket, int | None], ...]:
+    def program_keys(self) -> tuple[tuple[planlib.Bucket, int | None], ...]:
         """The programs it runs, (bucket, frames) each: what `Programs.get` compiles."""
         return tuple((s.plan.bucket, self.frames) for s in self.steps)
 
@@ -131,7 +131,7 @@ def ready_part(programs: Programs, choice: planlib.BucketChoice, items, check_fi
                 continue
             seen.add(shape)
         part = prepare_batch(programs, choice, items[:k], check_finite)
-        if all(programs.ready(*p) for p in part.programs):
+        if all(programs.ready(*p) for p in part.program_keys):
             return part
     return prepare_batch(programs, choice, items[:1], check_finite)
 
@@ -206,7 +206,7 @@ def cost_report(programs: Programs, choice: planlib.BucketChoice, grid_thw) -> d
     """
     g = planlib.as_grid(grid_thw, programs.cfg)
     cfg, calls = programs.cfg, buckets(programs, choice, g)  # the next encode's (tight ones for a recurring grid)
-    copies = len(programs.devices)  # 1 without a mesh: every device runs every step's bucket
+    copies = len(programs.devices)  # every device runs every step's bucket
     compiled = copies * sum(programs.flops(b) for b in calls)
     frames, windows = planlib.segment_lengths(g, cfg)
     ideal = cost.ideal_flops(cfg, frames, windows)

@@ -186,11 +186,11 @@ class VisionEncoder:
 
     def ready(self, prepared: calls.Prepared) -> bool:
         """Whether every program `prepared` runs is compiled (`run` would not compile)."""
-        return all(self.programs.ready(*p) for p in prepared.programs)
+        return all(self.programs.ready(*p) for p in prepared.program_keys)
 
     def compile(self, prepared: calls.Prepared) -> None:
         """Compile (or load from the persistent compilation cache) the programs `prepared` runs."""
-        for p in prepared.programs:
+        for p in prepared.program_keys:
             self.programs.get(*p)
 
     def encode_images(self, images) -> list[np.ndarray]:

@@ -81,7 +81,7 @@ class Batcher:
         self.batches = 0  # device calls made
         # new batch shapes compile here, off the device thread (one at a time: the encoder's lock)
         self._compiles = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qvj-compile")
-        self._compiling: set[tuple] = set()  # prepared.programs handed to it
+        self._compiling: set[tuple] = set()  # prepared.program_keys handed to it
         self._thread = threading.Thread(target=self._loop, name="qvj-device", daemon=True)
         self._thread.start()
 
@@ -134,8 +134,8 @@ class Batcher:
 
     def _compile(self, prepared) -> None:
         """Compile a batch's programs on the compile thread (once, however often asked)."""
-        if prepared.programs not in self._compiling:
-            self._compiling.add(prepared.programs)
+        if prepared.program_keys not in self._compiling:
+            self._compiling.add(prepared.program_keys)
             self._compiles.submit(self.enc.compile, prepared).add_done_callback(_log_failure)
 
     def _next_batch(self):
