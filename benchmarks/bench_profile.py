@@ -389,7 +389,8 @@ def u16_forward_worker(p: dict) -> dict:
     enc = qvj.VisionEncoder.from_pretrained(p["ours"], dtype="bfloat16")
     g = np.array([[1, p["side"], p["side"]]])
     prepared = enc.prepare(common.random_pixels(g, enc.cfg.patch_dim), g)
-    px, plan = jax.device_put(prepared.calls[0], enc.device)
+    stacked = jax.device_put(prepared.calls[0], enc.programs.inputs)  # [1, ...]: one device is a mesh of one
+    px, plan = jax.tree.map(lambda a: a[0], stacked)  # that device's own inputs, for the plain jit below
     blocks_gd, bits = nnx.split(nnx.merge(enc.programs.graphdef, enc.programs.state).blocks)
     stacks = jax.tree.map(from_bits, bits)  # the whole bf16 stacks, as the encoder held them before as_bits
 
@@ -425,7 +426,9 @@ def u16_forward_worker(p: dict) -> dict:
     new = jax.jit(fwd).lower(enc.programs.state, stacks, px, plan).compile()
     text = new.as_text()
     calls = {
-        "encoder program": lambda: jax.block_until_ready(base(enc.programs.state, px, plan)[0]),  # (tokens, deepstack)
+        "encoder program": lambda: jax.block_until_ready(
+            base(enc.programs.state, *stacked)[0][0]
+        ),  # (tokens, deepstack)
         "bf16 stacks": lambda: jax.block_until_ready(new(enc.programs.state, stacks, px, plan)),
     }
     ys = {k: np.asarray(f()) for k, f in calls.items()}

@@ -19,12 +19,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, WorkerError, load
 from qwen_vit_jax.data.sinks import open_sink
 from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
-from qwen_vit_jax.runtime.batching import Grouping, shape_of
+from qwen_vit_jax.runtime.batching import Grouping, join, shape_of, split
 
 SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs at most this)
 
@@ -118,9 +120,11 @@ class _Rows:
     def flush(self) -> None:
         """Encode the batch, then write every pending row in order."""
         done: dict[int, tuple] = {}
-        if self.batch:  # as encode plans one request of them (ladder plans)
-            prepared = self.enc.prepare_batch([(i.patches, i.grid) for i in self.batch], batched=False)
-            for item, e in zip(self.batch, prepared.split(self.enc.run(prepared))):
+        if self.batch:
+            grid = np.concatenate([i.grid for i in self.batch])  # [k, 3]
+            emb = self.enc.encode(join([i.patches for i in self.batch]), grid)
+            mu = self.enc.cfg.merge_unit
+            for item, e in zip(self.batch, split(emb, [len(i.patches) // mu for i in self.batch])):
                 done[id(item)] = (item.grid[0], e, item.timestamps)
             self.encoded += len(self.batch)
         for item, how, what in self.pending:

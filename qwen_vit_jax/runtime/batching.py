@@ -101,6 +101,21 @@ class Grouping:
         return batch, rows >= self.budget
 
 
+def join(parts: list):
+    """Items' pixels one after another, for one call: `Patches` (Patches.concatenate: an image's
+    frame repeated beside a video's T) or float rows."""
+    if all(isinstance(p, Patches) for p in parts):
+        return parts[0] if len(parts) == 1 else Patches.concatenate(parts)
+    if any(isinstance(p, Patches) for p in parts):
+        raise ValueError("uint8 Patches and float pixel rows cannot share a call")
+    return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts])
+
+
+def split(rows: np.ndarray, tokens: Sequence[int]) -> list[np.ndarray]:
+    """A call's result rows [sum(tokens), ...] -> one array (a view) per item of `tokens` rows."""
+    return np.split(rows, np.cumsum(tokens)[:-1])
+
+
 def warm_batches(sizes: Sequence[tuple[int, int, int]], grouping: Grouping, policy: BucketPolicy) -> list[list[tuple]]:
     """Batches of these item sizes (grids (t, h, w): t > 1 a video's, else an image's) that land in
     every batch-plan shape a batched `grouping` can form of them: with each size at the head, one

@@ -19,7 +19,7 @@ import numpy as np
 
 from qwen_vit_jax import plan as planlib
 from qwen_vit_jax.config import dtype_named
-from qwen_vit_jax.runtime import cost
+from qwen_vit_jax.runtime import batching, cost
 from qwen_vit_jax.runtime import devices as devlib
 from qwen_vit_jax.runtime.pixels import checked_pixels
 from qwen_vit_jax.runtime.program import Programs
@@ -71,7 +71,7 @@ class Prepared:
 
     def split(self, rows: np.ndarray) -> list[np.ndarray]:
         """A batch's result rows [tokens, ...] -> one array per item (views)."""
-        return np.split(rows, np.cumsum(self.items)[:-1])
+        return batching.split(rows, self.items)
 
 
 def prepare(
@@ -93,25 +93,22 @@ def prepare(
     return prepared
 
 
-def prepare_batch(
-    programs: Programs, choice: planlib.BucketChoice, items, check_finite: bool = True, batched: bool = True
-) -> Prepared:
+def prepare_batch(programs: Programs, choice: planlib.BucketChoice, items, check_finite: bool = True) -> Prepared:
     """Independent items [(pixels, grid [k, 3]), ...] planned as one call: their rows in a batch plan
-    (`batched`; one item alone as `encode` plans it), else as one request (encode's plans). Only
-    planned: the pixels are joined, checked and padded when its calls are first read (`run`)."""
+    (one item alone as `encode` plans it). Only planned: the pixels are joined, checked and padded
+    when its calls are first read (`run`)."""
     items = list(items)
     if not items:
         raise ValueError("a batch holds at least one item")
     grids = [np.asarray(g).reshape(-1, 3) for _, g in items]
     grid = planlib.as_grid(np.concatenate(grids), programs.cfg)
-    steps = programs.plan(choice, grid, batched)
+    steps = programs.plan(choice, grid, batched=True)
     mu = programs.cfg.merge_unit
     tokens = tuple(int((g[:, 0] * g[:, 1] * g[:, 2]).sum()) // mu for g in grids)
     parts = [px for px, _ in items]
 
     def load():
-        px = parts[0] if len(parts) == 1 else _join(parts)
-        return checked_pixels(px, grid, programs.cfg, check_finite)
+        return checked_pixels(batching.join(parts), grid, programs.cfg, check_finite)
 
     return Prepared(grid=grid, steps=steps, frames=_frames(parts), dtype=programs.dtype, items=tokens, load=load)
 
@@ -134,15 +131,6 @@ def ready_part(programs: Programs, choice: planlib.BucketChoice, items, check_fi
         if all(programs.ready(*p) for p in part.program_keys):
             return part
     return prepare_batch(programs, choice, items[:1], check_finite)
-
-
-def _join(parts: list):
-    """Items' pixels one after another: `Patches` (planlib.Patches.concatenate) or float rows."""
-    if all(isinstance(p, planlib.Patches) for p in parts):
-        return planlib.Patches.concatenate(parts)
-    if any(isinstance(p, planlib.Patches) for p in parts):
-        raise ValueError("a batch mixes uint8 Patches and float pixel rows: they cannot share a call")
-    return np.concatenate([np.asarray(p) for p in parts])
 
 
 def _frames(parts: list) -> int | None:

@@ -31,7 +31,7 @@ from qwen_vit_jax.model.numerics import Numerics, numerics_for
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
 from qwen_vit_jax.preprocess.images import image_preprocessor
 from qwen_vit_jax.runtime import calls
-from qwen_vit_jax.runtime.batching import Grouping, shape_of
+from qwen_vit_jax.runtime.batching import Grouping, join, shape_of, split
 from qwen_vit_jax.runtime.devices import check_devices
 from qwen_vit_jax.runtime.program import Programs, enable_compilation_cache
 
@@ -175,14 +175,14 @@ class VisionEncoder:
         self.bucket_choice.count(prepared.grid)  # one more encode of this grid (tight_after)
         return out
 
-    def prepare_batch(self, items, *, batched: bool = True, compiled: bool = False) -> calls.Prepared:
-        """Plan items [(pixels, grid_thw), ...] once, as one call: in a batch plan (`batched`; an item
-        alone as `encode` plans it), else as one request. `compiled`: its longest leading part whose
-        programs are compiled (at least the first item). `run` it; `prepared.split` cuts the rows
-        per item. Pixels are joined and padded when it runs (calls.py)."""
+    def prepare_batch(self, items, *, compiled: bool = False) -> calls.Prepared:
+        """Plan items [(pixels, grid_thw), ...] once, as one call in a batch plan (an item alone as
+        `encode` plans it). `compiled`: its longest leading part whose programs are compiled (at
+        least the first item). `run` it; `prepared.split` cuts the rows per item. Pixels are joined
+        and padded when it runs (calls.py)."""
         if compiled:
             return calls.ready_part(self.programs, self.bucket_choice, items)
-        return calls.prepare_batch(self.programs, self.bucket_choice, items, batched=batched)
+        return calls.prepare_batch(self.programs, self.bucket_choice, items)
 
     def ready(self, prepared: calls.Prepared) -> bool:
         """Whether every program `prepared` runs is compiled (`run` would not compile)."""
@@ -221,10 +221,10 @@ class VisionEncoder:
         them with uint8=True (or float pixel_values rows), consecutive ones packed into calls of at
         most max_batch_patches patches and one pixel form (runtime/batching.py; a larger item runs
         alone). Returns one float32 [tokens, out_dim] array per item."""
-        out = []
+        out, mu = [], self.cfg.merge_unit
         for batch in Grouping(self.max_batch_patches).pack(items, lambda item: shape_of(*item)):
-            prepared = self.prepare_batch(batch, batched=False)  # ladder plans: their bits are pinned
-            out.extend(prepared.split(self.run(prepared)))
+            emb = self.encode(join([px for px, _ in batch]), np.concatenate([g for _, g in batch]))  # ladder plans
+            out.extend(split(emb, [len(px) // mu for px, _ in batch]))
         return out
 
     def warmup(self, grids, *, tight: bool = False, uint8: bool = False, batched: bool = False) -> list[planlib.Bucket]:

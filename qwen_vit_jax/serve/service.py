@@ -122,20 +122,23 @@ class Service:
 
     def _warm(self, enc, budget: int) -> None:
         """Compile (or load from the compilation cache) the batch shapes the declared sizes form
-        under the budget (runtime/batching.warm_batches), before ready; logs how many and how long."""
+        under the budget (runtime/batching.warm_batches), before ready; logs how many and how long.
+        A batch never holds more than max_queue items (admission), which bounds its rows too."""
         from qwen_vit_jax.runtime.batching import Grouping, warm_batches
 
-        if not self.settings.declare:
+        s = self.settings
+        if not s.declare:
             log.info("warm-up: no declared sizes (--declare): batch shapes compile as traffic meets them")
             return
         t0 = time.perf_counter()
-        batches = warm_batches(self.settings.declare, Grouping(budget, batched=True), enc.policy)
+        most = min(budget, s.max_queue * max(t * h * w for t, h, w in s.declare))
+        batches = warm_batches(s.declare, Grouping(most, batched=True), enc.policy)
         before = enc.compile_count
         enc.warmup(batches, uint8=True, batched=True)
         log.info(
             "warm-up: %d batch shapes of the declared sizes %s (%d programs compiled or loaded) in %.1f s",
             len(batches),
-            ",".join("x".join(map(str, g)) for g in self.settings.declare),
+            ",".join("x".join(map(str, g)) for g in s.declare),
             enc.compile_count - before,
             time.perf_counter() - t0,
         )
