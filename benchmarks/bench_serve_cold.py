@@ -1,9 +1,9 @@
 """A cold server vs a warm one: images/s of 1 and of 16 clients, time to ready, and RSS.
 
     python benchmarks/bench_serve_cold.py                       # the demo's tiny tower, vs 09cf317
-    python benchmarks/bench_serve_cold.py --model 3b --n 8 --clients 1,4 --rev ''   # the 3B, ours only
+    python benchmarks/bench_serve_cold.py --model 3b --n 8 --clients 1,4 --max-queue 4 --declare 16x16 --rev ''  # the 3B, ours only
 
-Every server is `qwen-vit-jax serve CKPT --workers 1 --max-queue 32` on 127.0.0.1 (as
+Every server is `qwen-vit-jax serve CKPT --workers 1 --max-queue 32` (--max-queue) on 127.0.0.1 (as
 bench_serve.py starts it), each on a fresh JAX compilation cache unless it is a restart, meeting
 bench_serve's JPEGs (5 sizes, 64..384 patches) for the first time: --n images, one per request,
 by C clients in a closed loop (C from --clients). Scenarios, each a fresh server per C:
@@ -39,7 +39,7 @@ SIZES = "8x8,12x16,16x16,20x14,16x24"  # bench_serve's SIDES in patches: what --
 def one(ckpt: str, tree, environ: dict, flags: list, clients: int, blobs: list[bytes], label: str) -> dict:
     """One server: ready time, then every blob once by `clients` clients; its measures."""
     t0 = time.monotonic()
-    server = st.Server(ckpt, "--workers", 1, "--max-queue", 32, *flags, log=WORK / f"cold_{label}.log", env=environ,
+    server = st.Server(ckpt, "--workers", 1, *flags, log=WORK / f"cold_{label}.log", env=environ,
                        cwd=tree, ready_timeout=7200)  # fmt: skip
     with server:
         ready = time.monotonic() - t0
@@ -78,6 +78,7 @@ def main():
     p.add_argument("--n", type=int, default=300, help="images per loop (default 300)")
     p.add_argument("--clients", default="1,16", help="client counts (default 1,16)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--max-queue", type=int, default=32, help="the servers' --max-queue (default 32)")
     p.add_argument("--declare", default=SIZES, help=f"the sizes the warm-up servers declare (default {SIZES})")
     p.add_argument("--out")
     args = p.parse_args()
@@ -103,6 +104,7 @@ def main():
                 tree, base = trees[side]
                 environ = dict(base, JAX_COMPILATION_CACHE_DIR=cache)
                 name = f"{label.replace(' ', '').replace(',', '_')}_{c}"
+                flags = ["--max-queue", args.max_queue, *flags]
                 runs.setdefault((label, c), []).append(one(ckpt, tree, environ, flags, c, blobs, name))
             log(f"round {r + 1}, {c} clients done")
     rows = []
