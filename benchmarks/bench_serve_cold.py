@@ -1,7 +1,8 @@
 """A cold server vs a warm one: images/s of 1 and of 16 clients, time to ready, and RSS.
 
     python benchmarks/bench_serve_cold.py                       # the demo's tiny tower, vs 09cf317
-    python benchmarks/bench_serve_cold.py --model 3b --n 8 --clients 1,4 --max-queue 4 --declare 16x16 --rev ''  # the 3B, ours only
+    python benchmarks/bench_serve_cold.py --model 3b --n 8 --clients 1,4 --max-queue 4 \\
+        --declare 16x16 --rev ''                                # the real 3B tower, ours only
 
 Every server is `qwen-vit-jax serve CKPT --workers 1 --max-queue 32` (--max-queue) on 127.0.0.1 (as
 bench_serve.py starts it), each on a fresh JAX compilation cache unless it is a restart, meeting
