@@ -23,8 +23,9 @@ embeddings API (or, with Accept: application/vnd.safetensors, the file qvj.read_
 Items of concurrent requests are prepared in worker processes and batched into the encoder's
 buckets: a batch leaves when --max-batch-patches is full or its oldest item waited --max-wait-ms.
 An identical item is encoded once (in flight, the in-memory LRU, --cache DIR on disk: the format of
-`encode --cache`). GET /healthz (alive), /readyz (loaded and the --declare sizes compiled), /metrics
-(Prometheus). Binding anything but loopback requires --api-key-file.
+`encode --cache`). GET /healthz (alive), /readyz (loaded and the --declare sizes compiled, with
+--warmup-batches their batch shapes too), /metrics (Prometheus). Binding anything but loopback
+requires --api-key-file.
 """
 
 
