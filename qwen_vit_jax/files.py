@@ -153,11 +153,11 @@ _FULL_WORDS = re.compile(r"No space left on device|Disk quota exceeded|os error 
 
 class DiskFull(OSError):
     """No space left on the device (or the quota) of `path` while `what` ("writing ..."): `need`
-    bytes needed (an estimate, None when unknown), `free` bytes free once the partial file was
-    removed."""
+    bytes needed by `needed_for` (default: that write; an estimate, None when unknown), `free`
+    bytes free once the partial file was removed."""
 
-    def __init__(self, path: str | os.PathLike, need: int | None, what: str):
-        self.path, self.need, self.what = pathlib.Path(path), need, what
+    def __init__(self, path: str | os.PathLike, need: int | None, what: str, needed_for: str | None = None):
+        self.path, self.need, self.what, self.needed_for = pathlib.Path(path), need, what, needed_for
         try:
             self.free = shutil.disk_usage(self.path.parent).free
         except OSError:
@@ -165,9 +165,16 @@ class DiskFull(OSError):
         super().__init__(errno.ENOSPC, str(self))
 
     def __str__(self) -> str:
-        need = f"about {_size(self.need)} needed" if self.need is not None else "more space needed"
+        if self.need is None:
+            need = "more space needed"
+        else:
+            need = (
+                f"{self.needed_for} needs about {_size(self.need)}"
+                if self.needed_for
+                else f"about {_size(self.need)} needed"
+            )
         free = f", {_size(self.free)} free" if self.free is not None else ""
-        return f"no space left on the device of {self.path}, {self.what}: {need}{free}"
+        return f"no space left on the device of {self.path} ({self.what}): {need}{free}"
 
 
 def disk_full(err: BaseException) -> bool:

@@ -226,10 +226,11 @@ def test_a_busy_child_dies_with_its_parent(tmp_path):
 
 
 # ---- a full disk: an error naming OUT and the space, nothing half-written, checkpoints kept ------------
+PARTS = [f"emb.parquet.parts/part-0000{i}.parquet" for i in range(6)]
 FULL = [
-    # (OUT, the failing write, what OUT's folder then holds besides, what the error says is kept)
-    ("emb.parquet", 2, ["emb.parquet.parts/part-00000.parquet"], "the 1 input checkpointed in"),
-    ("emb.parquet", 8, [f"emb.parquet.parts/part-0000{i}.parquet" for i in range(6)], "the 6 inputs checkpointed in"),
+    # (OUT, the failing write, the files then in OUT's folder, what the error says is kept)
+    ("emb.parquet", 2, PARTS[:1], "emb.parquet.parts/ keeps the 1 input checkpointed;"),
+    ("emb.parquet", 8, PARTS, "emb.parquet.parts/ keeps the 6 inputs checkpointed;"),
     ("emb.safetensors", 2, ["emb.safetensors"], "keeps the 1 new input of its last save"),
     ("emb.npz", 3, ["emb.npz"], "keeps the 2 new inputs of its last save"),
 ]
@@ -245,8 +246,8 @@ def test_a_full_disk_is_an_error_and_leaves_nothing_half_written(tiny_dirs, imag
     p = run(args, QVJ_FULL_AT=at)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     error = p.stderr.strip().splitlines()[-1]
-    assert error.startswith(f"error: no space left on the device of {out}, "), error
-    assert " needed, " in error and " free; " in error and kept in error, error
+    assert error.startswith(f"error: no space left on the device of {out} ("), error
+    assert "): finishing the run needs about " in error and " free; " in error and kept in error, error
     assert error.endswith("free space, then the same command with --resume continues"), error
     assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()) == held
     if name == "emb.parquet" and at == 2:  # --resume then ends whole
@@ -300,8 +301,9 @@ def test_a_full_small_file_system(tiny_dirs, images, tmp_path, name):
     full, resumed = json.loads(p.stdout)
     assert full["rc"] == 1 and "Traceback" not in full["stderr"], full["stderr"]
     error = full["stderr"].strip().splitlines()[-1]
-    assert error.startswith(f"error: no space left on the device of {mount / name}, "), error
-    assert " needed, " in error and error.endswith("the same command with --resume continues"), error
+    assert error.startswith(f"error: no space left on the device of {mount / name} ("), error
+    assert "): finishing the run needs about " in error, error
+    assert error.endswith("free space, then the same command with --resume continues"), error
     assert not [f for f in full["files"] if f.endswith((".tmp", ".lock")) or ".tmp-" in f], full["files"]
     assert full["files"], "the checkpointed rows are kept"
     assert resumed["rc"] == 0, resumed["stderr"]

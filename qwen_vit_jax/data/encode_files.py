@@ -192,7 +192,11 @@ def encode_files(
         return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"
 
     def full(e: Exception) -> EncodeError:  # after sink.abandon(): nothing half-written is left
-        what = str(e) if isinstance(e, DiskFull) else f"no space left on device{' for the cache' * bool(cache)} ({e})"
+        if isinstance(e, DiskFull):
+            need = sink.to_finish(total)  # more useful than the one write that failed
+            what = str(e if need is None else DiskFull(e.path, need, e.what, "finishing the run"))
+        else:
+            what = f"no space left on device{' for the cache' * bool(cache)} ({e})"
         return EncodeError(f"{what}; {sink.kept()}; free space, then resuming the same run continues")
 
     def save() -> None:  # OUT with what is done; a full disk keeps what was saved before

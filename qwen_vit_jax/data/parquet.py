@@ -150,7 +150,10 @@ class PartsWriter:
         self._next = len(part_files(out))
         self._writer = self._tmp = None
         self._pending: list[tuple] = []
+        self._tmp_rows = 0  # rows written to the part in progress
         self.rows_in_parts = sum(num_rows(p) for p in part_files(out))
+        self.bytes_in_parts = sum(p.stat().st_size for p in part_files(out))
+        self.row_bytes: float | None = None  # bytes per row of the last part (what a row to come will take)
 
     def add(self, key: str, grid, emb: np.ndarray, stamps: np.ndarray, digest: str | None = None) -> None:
         self._pending.append((key, np.asarray(grid).reshape(3), np.asarray(emb, np.float32), stamps, digest))
@@ -171,6 +174,7 @@ class PartsWriter:
                 self._tmp = pathlib.Path(tmp)
                 self._writer = pq.ParquetWriter(self._tmp, table.schema)
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
+        self._tmp_rows += len(self._pending)
         self._pending = []
 
     def checkpoint(self) -> None:
@@ -182,11 +186,14 @@ class PartsWriter:
             self._writer.close()
             with open(self._tmp, "rb") as f:
                 os.fsync(f.fileno())
-        rows = num_rows(self._tmp)
+        rows, size = num_rows(self._tmp), self._tmp.stat().st_size
         os.replace(self._tmp, self.dir / f"part-{self._next:05d}.parquet")
         self._next += 1
         self.rows_in_parts += rows
+        self.bytes_in_parts += size
+        self.row_bytes = size / max(rows, 1)
         self._writer = self._tmp = None
+        self._tmp_rows = 0
 
     @contextlib.contextmanager
     def _or_disk_full(self, more: int):
@@ -198,6 +205,8 @@ class PartsWriter:
             if not disk_full(e):
                 raise
             written = self._tmp.stat().st_size if self._tmp is not None and self._tmp.exists() else 0
+            rows = self._tmp_rows + len(self._pending)
+            self.row_bytes = self.row_bytes or (written + more) / max(rows, 1)
             self.abandon()
             raise DiskFull(self.out, written + more, "writing the rows since the last checkpoint") from None
 
@@ -230,7 +239,7 @@ class PartsWriter:
             if self._tmp is not None:
                 self._tmp.unlink(missing_ok=True)
             self._writer = self._tmp = None
-            self._pending = []
+            self._pending, self._tmp_rows = [], 0
         if not part_files(self.out):
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -66,6 +66,7 @@ class MemorySink:
         self.done = [] if old is None else list(old.names)
         self.seen = {d: ("old", i) for i, d in enumerate(self.old_digests) if d}
         self.saved = 0  # this run's rows in OUT (its last save)
+        self.row_bytes: float | None = None  # OUT's bytes per row at the last save (tried)
 
     def add(self, key: str, row: Row, digest: str | None) -> int:
         self.keys.append(key)
@@ -98,6 +99,7 @@ class MemorySink:
         if self.old is not None:
             self.old.metadata["sha256"] = self.old_digests  # concatenate joins the two lists
         whole = new if self.old is None else Embeddings.concatenate([self.old, new], self.meta)
+        self.row_bytes = _file_bytes(whole) / max(len(whole), 1)
         try:
             write_embeddings(self.target, whole)  # atomic: a failed write leaves OUT as it was
         except Exception as e:  # noqa: BLE001 (safetensors raises its own error type for a full disk)
@@ -108,6 +110,12 @@ class MemorySink:
 
     def abandon(self) -> None:
         pass
+
+    def to_finish(self, total: int) -> int | None:
+        """About the bytes a run of `total` inputs needs to end: OUT whole (old rows and all of it)."""
+        if self.row_bytes is None:
+            return None
+        return int(self.row_bytes * (len(self.old or ()) + total))
 
     def kept(self) -> str:
         """What a failed save leaves on disk, in words."""
@@ -174,11 +182,21 @@ class ParquetSink:
     def abandon(self) -> None:
         self.writer.abandon()
 
+    def to_finish(self, total: int) -> int | None:
+        """About the bytes a run of `total` inputs still needs to end: the parts it has yet to write,
+        then OUT merged from the old OUT and every part (beside the parts, which go after)."""
+        w = self.writer
+        if w.row_bytes is None:
+            return None
+        left = total - (w.rows_in_parts - self.start)  # this run's rows not in a part yet
+        old = self.old.stat().st_size if self.old is not None else 0
+        return int(2 * w.row_bytes * left + old + w.bytes_in_parts)  # the rows left twice: parts, then OUT
+
     def kept(self) -> str:
         """What a failed save leaves on disk, in words."""
         old = f"; {self.target} is as it was" if self.old is not None else ""
         if self.writer.rows_in_parts:  # this run's and an earlier interrupted run's
-            return f"the {count(self.writer.rows_in_parts, 'input')} checkpointed in {self.writer.dir}/ stay{old}"
+            return f"{self.writer.dir}/ keeps the {count(self.writer.rows_in_parts, 'input')} checkpointed{old}"
         return f"nothing was checkpointed{old}"
 
 
