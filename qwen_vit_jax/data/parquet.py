@@ -165,24 +165,26 @@ class PartsWriter:
             return
         import pyarrow.parquet as pq
 
-        keys, grids, embs, stamps, digests = zip(*self._pending)
+        # taken first: an interrupt from here on loses these rows (--resume encodes them again), never
+        # writes them twice (they would be written again at the save that follows the interrupt)
+        pending, self._pending = self._pending, []
+        keys, grids, embs, stamps, digests = zip(*pending)
         table = rows_table(keys, grids, embs, stamps, self.dim, self.metadata, digests)
-        with self._or_disk_full(table.nbytes):
+        with self._or_disk_full(table.nbytes, len(pending)):
             if self._writer is None:
                 fd, tmp = tempfile.mkstemp(prefix=f"part-{self._next:05d}.", suffix=".parquet.tmp", dir=self.dir)
                 os.close(fd)
                 self._tmp = pathlib.Path(tmp)
                 self._writer = pq.ParquetWriter(self._tmp, table.schema)
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
-        self._tmp_rows += len(self._pending)
-        self._pending = []
+        self._tmp_rows += len(pending)
 
     def checkpoint(self) -> None:
         """Everything added so far lands in a completed part (a crash after this loses none of it)."""
         self._flush()
         if self._writer is None:
             return
-        with self._or_disk_full(0):
+        with self._or_disk_full(0, 0):
             self._writer.close()
             with open(self._tmp, "rb") as f:
                 os.fsync(f.fileno())
@@ -196,17 +198,16 @@ class PartsWriter:
         self._tmp_rows = 0
 
     @contextlib.contextmanager
-    def _or_disk_full(self, more: int):
+    def _or_disk_full(self, more: int, rows: int):
         """A full disk in the block drops the part being written (its rows were never checkpointed)
-        and raises DiskFull: those rows needed its bytes so far plus `more`."""
+        and raises DiskFull: those rows and `rows` more needed its bytes so far plus `more`."""
         try:
             yield
         except Exception as e:
             if not disk_full(e):
                 raise
             written = self._tmp.stat().st_size if self._tmp is not None and self._tmp.exists() else 0
-            rows = self._tmp_rows + len(self._pending)
-            self.row_bytes = self.row_bytes or (written + more) / max(rows, 1)
+            self.row_bytes = self.row_bytes or (written + more) / max(self._tmp_rows + rows, 1)
             self.abandon()
             raise DiskFull(self.out, written + more, "writing the rows since the last checkpoint") from None
 

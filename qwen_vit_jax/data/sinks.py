@@ -59,9 +59,8 @@ class MemorySink:
 
     def __init__(self, target: pathlib.Path, meta: dict, dim: int, old: Embeddings | None):
         self.target, self.meta, self.dim, self.old = target, meta, dim, old
-        self.keys: list[str] = []
-        self.rows: list[Row] = []
-        self.digests: list[str | None] = []
+        # (key, row, sha256): one append per row, so that an interrupt never leaves a key without its row
+        self.rows: list[tuple[str, Row, str | None]] = []
         self.old_digests = [] if old is None else old.metadata.get("sha256") or [None] * len(old)
         self.done = [] if old is None else list(old.names)
         self.seen = {d: ("old", i) for i, d in enumerate(self.old_digests) if d}
@@ -69,9 +68,7 @@ class MemorySink:
         self.row_bytes: float | None = None  # OUT's bytes per row at the last save (tried)
 
     def add(self, key: str, row: Row, digest: str | None) -> int:
-        self.keys.append(key)
-        self.rows.append(row)
-        self.digests.append(digest)
+        self.rows.append((key, row, digest))
         return len(self.rows) - 1
 
     def fetch(self, ref) -> Row:
@@ -79,7 +76,7 @@ class MemorySink:
             i, old = ref[1], self.old
             t = int(np.sum(old.grid_thw[:i, 0]))
             return old.grid_thw[i], old[i], old.timestamps[t : t + int(old.grid_thw[i, 0])]
-        return self.rows[ref]
+        return self.rows[ref][1]
 
     def checkpoint(self) -> None:
         if len(self.rows) > self.saved:  # else OUT already holds every row
@@ -87,14 +84,14 @@ class MemorySink:
 
     def finish(self) -> None:
         """OUT rewritten whole: the old rows and every row of this run."""
-        grids = [r[0] for r in self.rows]
+        keys, rows, digests = zip(*self.rows) if self.rows else ((), (), ())
         new = Embeddings(
-            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in self.rows]]),
-            np.asarray(grids, np.int64).reshape(-1, 3),
-            np.concatenate([[0], np.cumsum([len(r[1]) for r in self.rows])]).astype(np.int64),
-            list(self.keys),
-            dict(self.meta, sha256=list(self.digests)),
-            np.concatenate([np.zeros(0), *[r[2] for r in self.rows]]),
+            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in rows]]),
+            np.asarray([r[0] for r in rows], np.int64).reshape(-1, 3),
+            np.concatenate([[0], np.cumsum([len(r[1]) for r in rows])]).astype(np.int64),
+            list(keys),
+            dict(self.meta, sha256=list(digests)),
+            np.concatenate([np.zeros(0), *[r[2] for r in rows]]),
         )
         if self.old is not None:
             self.old.metadata["sha256"] = self.old_digests  # concatenate joins the two lists
