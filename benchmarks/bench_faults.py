@@ -45,6 +45,9 @@ import time
 import numpy as np
 from common import CACHE, ROOT, default_out, log, machine_line, markdown_table, write_json
 
+sys.path.insert(0, str(ROOT / "tests"))
+from sessions import session_pids  # noqa: E402  (shared with tests/test_faults.py)
+
 SIZES = [(112, 84), (84, 112), (56, 140), (112, 112), (84, 84), (140, 56)]
 # rows (tokens x D) -> {form: the row counts timed}
 ROWS = {
@@ -142,18 +145,6 @@ def save_every(ckpt, images, repeats: int) -> dict:
 
 
 # ---- stops --------------------------------------------------------------------------------------
-def _session(sid: int) -> list[int]:
-    pids = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def _rows(out: pathlib.Path) -> tuple[int, int]:
     """(rows in OUT, rows in its completed parts)."""
     import pyarrow.parquet as pq
@@ -180,7 +171,7 @@ def stop(ckpt, images, n: int, sig: signal.Signals) -> dict:
     os.kill(proc.pid, sig)
     proc.wait()  # (its stderr is a few lines: the pipe never fills)
     t_exit = time.perf_counter() - t0
-    while _session(proc.pid):
+    while session_pids(proc.pid):
         time.sleep(0.01)
     t_gone = time.perf_counter() - t0
     err = proc.stderr.read().decode()
@@ -247,6 +238,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int)
     ap.add_argument("--disk-kb", type=int, default=1024, help="the tmpfs of the full-disk run (1024)")
     args = ap.parse_args()
+    # A benchmark started in the background (`... &`) has SIGINT ignored, and its runs would inherit
+    # that: a Python handler here is reset to the default in every child, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     n = 80 if args.quick else 240
     repeats = args.repeats or (1 if args.quick else 3)
     ckpt, images = setup(n)

@@ -144,6 +144,31 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """While the block runs, SIGINT and SIGTERM wait; the first to arrive is handled (by the handler
+    in place before: KeyboardInterrupt) as the block ends. For a few steps that must happen together
+    or not at all (rows written, then taken off the list of rows to write). Outside the main thread
+    (where Python cannot install handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[tuple] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: held.append((signum, frame))) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held:
+            signum, frame = held[0]
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+            elif previous[signum] == signal.SIG_DFL:
+                signal.raise_signal(signum)  # its default action, now
+
+
 # ---- a full disk --------------------------------------------------------------------------------
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 # what writers that raise their own error types say: safetensors' Rust "... (os error 28)", pyarrow's

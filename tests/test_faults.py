@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pytest
 from conftest import make_image
+from sessions import session_pids
 
 from qwen_vit_jax import files
 from qwen_vit_jax.data import parquet
@@ -138,19 +139,6 @@ def leftovers(folder: pathlib.Path) -> list[str]:
 
 
 # ---- the main process killed: nothing keeps running -----------------------------------------------
-def _session(sid: int) -> list[int]:
-    """The live (not zombie) processes of session `sid`."""
-    pids = []
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # state, ppid, pgrp, session
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists processes in /proc")
 def test_sigkill_leaves_no_process_and_resume_is_whole(tiny_dirs, tmp_path):
     _, ckpt = tiny_dirs
@@ -160,16 +148,16 @@ def test_sigkill_leaves_no_process_and_resume_is_whole(tiny_dirs, tmp_path):
     args = _command(ckpt, images, out, "--workers", "2", "--save-every", "0")
     proc = start_paused(args, tmp_path / "never", at=3, start_new_session=True)  # its own session: what it starts
     try:
-        started = _session(proc.pid)
+        started = session_pids(proc.pid)
         assert len(started) >= 3, started  # this run, its two workers (and multiprocessing's resource tracker)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 15
-        while _session(proc.pid) and time.monotonic() < deadline:
+        while session_pids(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _session(proc.pid) == [], "processes outlived the killed run"
+        assert session_pids(proc.pid) == [], "processes outlived the killed run"
     finally:
-        for pid in _session(proc.pid):
+        for pid in session_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
         proc.stderr.close()
@@ -210,15 +198,15 @@ def test_a_busy_child_dies_with_its_parent(tmp_path):
     proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         child = int(proc.stdout.readline())
-        assert child in _session(proc.pid)
+        assert child in session_pids(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 15
-        while _session(proc.pid) and time.monotonic() < deadline:
+        while session_pids(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _session(proc.pid) == []
+        assert session_pids(proc.pid) == []
     finally:
-        for pid in _session(proc.pid):
+        for pid in session_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.stdout.close()
     with pytest.raises(RuntimeError, match="not started by multiprocessing"):
@@ -350,6 +338,18 @@ def test_a_file_system_without_locks_is_said_and_the_run_goes_on(tmp_path, monke
     with files.output_lock(tmp_path / "emb.parquet") as lock:
         assert "has no locks (No locks available)" in lock.note and "going on" in lock.note
     assert os.listdir(tmp_path) == []
+
+
+def test_an_interrupt_waits_for_a_write_to_end():
+    """What keeps a parquet part's rows from being written twice: Ctrl-C / SIGTERM in the middle of
+    `interrupts_deferred` arrive as it ends."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        steps = []
+        with pytest.raises(KeyboardInterrupt), files.sigterm_as_interrupt(), files.interrupts_deferred():
+            os.kill(os.getpid(), sig)
+            time.sleep(0.01)  # (a signal is handled between two bytecodes: here, had it not waited)
+            steps.append(sig)
+        assert steps == [sig]
 
 
 # ---- a damaged file to resume ---------------------------------------------------------------------

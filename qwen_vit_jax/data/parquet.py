@@ -31,7 +31,7 @@ import tempfile
 
 import numpy as np
 
-from qwen_vit_jax.files import DiskFull, atomic_file, disk_full
+from qwen_vit_jax.files import DiskFull, atomic_file, disk_full, interrupts_deferred
 
 META_KEY = b"qwen_vit_jax"
 ROWS_PER_GROUP = 256  # inputs per row group: memory stays at one group's embeddings
@@ -165,37 +165,37 @@ class PartsWriter:
             return
         import pyarrow.parquet as pq
 
-        # taken first: an interrupt from here on loses these rows (--resume encodes them again), never
-        # writes them twice (they would be written again at the save that follows the interrupt)
-        pending, self._pending = self._pending, []
-        keys, grids, embs, stamps, digests = zip(*pending)
+        keys, grids, embs, stamps, digests = zip(*self._pending)
         table = rows_table(keys, grids, embs, stamps, self.dim, self.metadata, digests)
-        with self._or_disk_full(table.nbytes, len(pending)):
+        # written and taken off `_pending` together: an interrupt between the two would write them twice
+        with interrupts_deferred(), self._or_disk_full(table.nbytes, len(self._pending)):
             if self._writer is None:
                 fd, tmp = tempfile.mkstemp(prefix=f"part-{self._next:05d}.", suffix=".parquet.tmp", dir=self.dir)
                 os.close(fd)
                 self._tmp = pathlib.Path(tmp)
                 self._writer = pq.ParquetWriter(self._tmp, table.schema)
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
-        self._tmp_rows += len(pending)
+            self._tmp_rows += len(self._pending)
+            self._pending = []
 
     def checkpoint(self) -> None:
         """Everything added so far lands in a completed part (a crash after this loses none of it)."""
         self._flush()
         if self._writer is None:
             return
-        with self._or_disk_full(0, 0):
-            self._writer.close()
-            with open(self._tmp, "rb") as f:
-                os.fsync(f.fileno())
-        rows, size = num_rows(self._tmp), self._tmp.stat().st_size
-        os.replace(self._tmp, self.dir / f"part-{self._next:05d}.parquet")
-        self._next += 1
-        self.rows_in_parts += rows
-        self.bytes_in_parts += size
-        self.row_bytes = size / max(rows, 1)
-        self._writer = self._tmp = None
-        self._tmp_rows = 0
+        with interrupts_deferred():  # the part renamed and this writer's state moved on together
+            with self._or_disk_full(0, 0):
+                self._writer.close()
+                with open(self._tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            rows, size = num_rows(self._tmp), self._tmp.stat().st_size
+            os.replace(self._tmp, self.dir / f"part-{self._next:05d}.parquet")
+            self._next += 1
+            self.rows_in_parts += rows
+            self.bytes_in_parts += size
+            self.row_bytes = size / max(rows, 1)
+            self._writer = self._tmp = None
+            self._tmp_rows = 0
 
     @contextlib.contextmanager
     def _or_disk_full(self, more: int, rows: int):
