@@ -352,6 +352,15 @@ def test_an_interrupt_waits_for_a_write_to_end():
         assert steps == [sig]
 
 
+def test_save_every_flag(capsys, tiny_dirs, images, tmp_path):
+    assert cli.main(["encode", "--help"]) == 0
+    assert "--save-every S" in capsys.readouterr().out
+    for bad in ("-1", "nan"):
+        assert cli.main(_command(tiny_dirs[1], images, tmp_path / "e.npz", "--save-every", bad)) == 1
+        assert f"error: --save-every must be >= 0 seconds, got {float(bad)}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["images"]
+
+
 # ---- a damaged file to resume ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["emb.parquet", "emb.safetensors"])
 def test_a_truncated_file_to_resume_is_named(tiny_dirs, images, tmp_path, name):

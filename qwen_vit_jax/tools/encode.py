@@ -73,7 +73,7 @@ def add_parser(sub, fmt) -> None:
         type=float,
         metavar="S",
         default=SAVE_EVERY_S,
-        help=f"save what is done every S seconds ({SAVE_EVERY_S:.0f}); .safetensors / .npz rewrite OUT whole",
+        help=f"save what is done every S seconds ({SAVE_EVERY_S:.0f})",
     )
     g = p.add_argument_group("inputs")
     g.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
