@@ -239,9 +239,12 @@ def output_lock(path: str | os.PathLike) -> Iterator[Lock]:
     `OutputBusy` at once, naming it. A PATH.lock whose holder is gone (killed: the kernel drops a
     flock with its process) is taken over, and `Lock.note` says so. A file system without locks:
     the block runs unlocked, and `Lock.note` says so."""
-    import fcntl
-
     path = pathlib.Path(path)
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield Lock(path, f"warning: no file locks on this platform: nothing stops another run from writing {path}")
+        return
     lock = path.with_name(path.name + ".lock")
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
