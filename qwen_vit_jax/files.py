@@ -258,15 +258,8 @@ def output_lock(path: str | os.PathLike) -> Iterator[Lock]:
             os.close(fd)
             if e.errno not in _NO_LOCKS:
                 raise
-            with contextlib.suppress(OSError):
-                if lock.stat().st_size == 0:
-                    lock.unlink()  # ours, empty: nothing to tell another run
-            note = (
-                f"warning: the file system of {path} has no locks ({os.strerror(e.errno)}): "
-                "nothing stops another run from writing it at the same time; going on"
-            )
-            yield Lock(path, note)
-            return
+            fd, reason = None, os.strerror(e.errno)
+            break
         try:
             same = os.fstat(fd).st_ino == os.stat(lock).st_ino
         except FileNotFoundError:
@@ -274,6 +267,16 @@ def output_lock(path: str | os.PathLike) -> Iterator[Lock]:
         if same:
             break
         os.close(fd)  # its holder removed it as we opened it: lock the file now at that path
+    if fd is None:
+        with contextlib.suppress(OSError):
+            if lock.stat().st_size == 0:
+                lock.unlink()  # ours, empty: nothing to tell another run
+        note = (
+            f"warning: the file system of {path} has no locks ({reason}): "
+            "nothing stops another run from writing it at the same time; going on"
+        )
+        yield Lock(path, note)
+        return
     try:
         stale = _holder(fd)
         os.ftruncate(fd, 0)
