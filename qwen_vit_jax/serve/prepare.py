@@ -61,7 +61,9 @@ def prepare_item(config, video_config, variant: str, kind: str, payload: bytes, 
 def _worker_main(conn, config, video_config, variant: str) -> None:
     """A worker's loop: (kind, payload, fps) in, Prepare's dict out, until None or the pipe closes."""
     from qwen_vit_jax.data.pipeline import tune_allocator
+    from qwen_vit_jax.processes import die_with_parent
 
+    die_with_parent()  # even while preparing an item (a long video) when the server is killed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tune_allocator()
