@@ -318,3 +318,26 @@ def test_the_docs_curl_example_sends_a_5_megabyte_photo(tiny_dirs, tiny_encoder,
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert '"ready":true' in done.stdout and '"embedding"' in done.stdout, (done.stdout[:500], done.stderr)
+
+
+def test_the_item_bound_per_tower():
+    """ItemBound on each resize rule: images land within the bound (GLM-4V counts an image as two
+    frames in its budget), Qwen3-VL's whole-clip video budget is left alone, --max-frames only
+    lowers, and `resize=False` keeps the checkpoint's preprocessing and refuses instead."""
+    from qwen_vit_jax import families
+    from qwen_vit_jax.preprocess.config import Preprocessing
+    from qwen_vit_jax.serve.bounds import ItemBound
+
+    for variant in (families.QWEN2_5_VL, families.QWEN3_VL, families.GLM4V, families.PADDLEOCR_VL):
+        p = Preprocessing.defaults(variant)
+        b = ItemBound.of(p, 1024, max_frames=8, resize=True)
+        assert b.image_patches(7000, 7000) == 1024 and b.image_over(7000, 7000) is None, variant
+        assert b.resized(7000, 7000) and not b.resized(56, 56), variant
+        assert b.preprocessing.video.max_frames == 8 and b.preprocessing.video.min_frames <= 8
+        if p.video.video_sampler == "qwen3-vl":
+            assert b.preprocessing.video.max_pixels == p.video.max_pixels
+        assert b.grid_over("video", (2, 32, 33)).startswith("each frame is 32x33 = 1,056 patches")
+    p = Preprocessing.defaults(families.QWEN2_5_VL)
+    assert ItemBound.of(p, 16384, max_frames=10_000, resize=True).preprocessing.video == p.video
+    refuse = ItemBound.of(p, 1024, max_frames=None, resize=False)
+    assert refuse.preprocessing == p and "at most 1,024 per item" in refuse.image_over(1400, 1400)
