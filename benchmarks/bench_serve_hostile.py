@@ -17,7 +17,8 @@ Phases, per tree (the baseline's first):
            server with the defaults (the per-item bound: the patch budget, 16,384 patches): each
            one's seconds to its answer and the big one's grid; after a warm-up pair of other images
            (the buckets compiled or loaded from bench_serve's compilation cache, untimed). The
-           server's RSS (its process and workers) every 0.25 s: before, peak, after.
+           server's RSS (its process and workers) every 0.25 s: before, peak, after. Again for
+           each `--max-item-patches N` of --bounds (the working tree only: a baseline may not know it).
 
 Prints a markdown table and writes benchmarks/results/serve_hostile.json. The box is shared: name it
 and its load (the table's caption does).
@@ -129,7 +130,7 @@ def attack(ckpt: str, tree: pathlib.Path, label: str, sockets: int, max_connecti
     return {"first_200_s": first, "statuses": counts, "reopened": reopened, "closed": closed, "rss": memory}
 
 
-def big(ckpt: str, tree: pathlib.Path, label: str) -> dict:
+def big(ckpt: str, tree: pathlib.Path, label: str, flags: list) -> dict:
     """The 49 MP image and a small one a second later, after a warm-up pair."""
     import httpx
 
@@ -141,7 +142,7 @@ def big(ckpt: str, tree: pathlib.Path, label: str) -> dict:
         except httpx.HTTPError as e:
             out[key] = (type(e).__name__, time.monotonic() - t0, None)
 
-    with st.Server(ckpt, log=WORK / f"hostile_big_{label}.log", env=server_env(tree), cwd=tree) as server:
+    with st.Server(ckpt, *flags, log=WORK / f"hostile_big_{label}.log", env=server_env(tree), cwd=tree) as server:
         rounds = {}
         for name, seed in (("warm-up", 0), ("timed", 1)):
             big_png, small = _big_png(seed), st.jpeg(112, 112, seed=100 + seed)
@@ -175,7 +176,8 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--baseline", metavar="REV", help="also measure this revision's server (first)")
-    p.add_argument("--attacks", default="24:16,520:512", help="N:M pairs, sockets : --max-connections")
+    p.add_argument("--attacks", default="24:16,520:512", help="N:M pairs, sockets : --max-connections ('': none)")
+    p.add_argument("--bounds", default="", help="--max-item-patches values for more big phases (working tree)")
     p.add_argument("--seconds", type=float, default=30.0, help="how long each attack lasts")
     p.add_argument("--skip-big", action="store_true")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_hostile.json"))
@@ -183,7 +185,7 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     ckpt = run_worker(str(HERE), "checkpoint", {})["path"]
     trees = ({args.baseline: worktree(args.baseline)} if args.baseline else {}) | {"working tree": ROOT}
-    pairs = [tuple(int(x) for x in a.split(":")) for a in args.attacks.split(",")]
+    pairs = [tuple(int(x) for x in a.split(":")) for a in args.attacks.split(",") if a]
     results, rows = {}, []
     for label, tree in trees.items():
         res = results[label] = {"attacks": {}}
@@ -200,13 +202,17 @@ def main() -> None:
                     f"closed: {closed or '-'}; RSS {a['rss']['before_mb']:.0f} -> {a['rss']['peak_mb']:.0f} MB",
                 ]
             )
-        if not args.skip_big:
-            b = res["big"] = big(ckpt, tree, label.replace(" ", "_"))
+        bounds = [None] + ([int(x) for x in args.bounds.split(",") if x] if tree == ROOT else [])
+        for bound in [] if args.skip_big else bounds:
+            flags = [] if bound is None else ["--max-item-patches", bound]
+            name = "big" if bound is None else f"big_{bound}"
+            b = res[name] = big(ckpt, tree, f"{label.replace(' ', '_')}_{bound}", flags)
             (bs, bt, grid), (ss, stime, _), mem = b["big"], b["small"], b["rss"]
-            rows.append([label, "7000x7000 PNG (49 MP)", f"{bt:.1f} s ({bs})", f"grid {grid}"])
+            server = label if bound is None else f"{label}, --max-item-patches {bound}"
+            rows.append([server, "7000x7000 PNG (49 MP)", f"{bt:.1f} s ({bs})", f"grid {grid}"])
             rows.append(
                 [
-                    label,
+                    server,
                     "112x112 JPEG sent 1 s after it",
                     f"{stime:.1f} s ({ss})",
                     f"RSS {mem['before_mb']:.0f} -> peak {mem['peak_mb']:.0f} -> {mem['after_mb']:.0f} MB",

@@ -341,3 +341,19 @@ def test_the_item_bound_per_tower():
     assert ItemBound.of(p, 16384, max_frames=10_000, resize=True).preprocessing.video == p.video
     refuse = ItemBound.of(p, 1024, max_frames=None, resize=False)
     assert refuse.preprocessing == p and "at most 1,024 per item" in refuse.image_over(1400, 1400)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"header_timeout_s": 0}, "header_timeout_s"),
+        ({"max_item_patches": 0}, "max_item_patches"),
+        ({"max_frames": -1}, "max_frames"),
+        ({"oversize": "crop"}, "oversize"),
+    ],
+)
+def test_settings_reject_bad_limits(kw, match):
+    from qwen_vit_jax.serve.settings import Settings
+
+    with pytest.raises(ValueError, match=match):
+        Settings(checkpoint="x", **kw)

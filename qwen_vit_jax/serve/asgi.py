@@ -147,7 +147,6 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
         m.items.labels("too_large" if e.status == 413 else "bad_input").inc()
         return _error(e.status, e.message)
     del body
-    m.resized.inc(resized)
     safetensors = SAFETENSORS in request.headers.get("accept", "")
     if safetensors and deepstack:
         return _error(400, "deepstack features come in JSON only; drop return_deepstack or the safetensors Accept")
@@ -178,6 +177,7 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
         service.release(len(items))
     for _, cached in results:
         m.items.labels("cached" if cached else "ok").inc()
+    m.resized.inc(resized)
     t1 = time.perf_counter()
     if safetensors:
         content = await asyncio.to_thread(_safetensors, items, results, service)
@@ -312,7 +312,7 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
     kind = kind or {429: "rate_limit_error", 503: "unavailable", 504: "timeout"}.get(status, "server_error")
     if status == 503:
         headers = {"Retry-After": "1", **(headers or {})}
-    body = {"error": {"message": public(message), "type": kind, "code": status}}
+    body = {"error": {"message": _public(message), "type": kind, "code": status}}
     return JSONResponse(body, status, headers=headers)
 
 
@@ -321,7 +321,7 @@ _REPR = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0x
 _PATH = re.compile(r"(?<![\w./~-])/(?:[^\s/'\"()<>,;]+/)+([^\s/'\"()<>,;]*)")  # /abs/dir/name -> name
 
 
-def public(message: str) -> str:
+def _public(message: str) -> str:
     """`message` without Python object reprs (-> "an object") and absolute paths (-> their last part)."""
     return _PATH.sub(lambda m: m[1] or "a folder", _REPR.sub("an object", message))
 
@@ -390,8 +390,8 @@ def _safetensors(items: list[Item], results, service: Service) -> bytes:
             "version": VERSION,
             "checkpoint": checkpoint_name(service.settings.checkpoint),
             "dtype": enc.dtype,
-            "preprocess": enc.preprocess.to_dict(),
-            "video_preprocess": enc.video_preprocess.to_dict(),
+            "preprocess": service.preprocessing.image.to_dict(),  # what made these (the per-item bound's)
+            "video_preprocess": service.preprocessing.video.to_dict(),
             "sha256": [it.digest for it in items],
         },
         np.concatenate([np.asarray(r.timestamps, np.float64) for r, _ in results]),

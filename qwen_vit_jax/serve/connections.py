@@ -77,7 +77,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_timeout, self._body_timeout = header_timeout, body_timeout
         self._max_connections, self._metrics = max_connections, metrics
         self._state, self._since = HEAD, 0.0  # since: when this state began (evictions go oldest first)
-        self._due, self._body_due = 0.0, 0.0  # the state's deadline (a body's moves with its bytes); a body's last
+        # when the state's deadline falls (a body's moves with its bytes), and the latest a body may end
+        self._due, self._body_due = 0.0, 0.0
         self._timer = None
 
     # ---- uvicorn's hooks -------------------------------------------------------------------------

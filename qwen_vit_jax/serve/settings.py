@@ -35,9 +35,9 @@ class Settings:
     declare: grids (t, h, w) in patches to compile and declare (tight buckets) before ready.
     workers: preparation worker processes (0: a thread of the server process).
     max_body_bytes, max_items, max_image_pixels: request limits (413 past them).
-    max_item_patches: patches per frame of one item at most (None: the patch budget of one device
+    max_item_patches: patches per image or video frame at most (None: the patch budget of one device
       call). An image over it is resized down to fit, keeping its aspect (`oversize="resize"`), or
-      refused with 413 (`oversize="refuse"`); a video frame over it is refused (413).
+      refused with 413 (`oversize="refuse"`); a video frame still over it is refused (bounds.py).
     max_frames: frames per video at most (None: the checkpoint's video max_frames; only lowers it).
     request_timeout_s: a request still unanswered after this gets 504, its queued items dropped.
     max_connections: open connections at most; past it a connection without a request head is
