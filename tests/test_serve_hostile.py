@@ -140,16 +140,15 @@ def test_a_49_megapixel_image_costs_one_budget_sized_call(server):
 
 
 # ---- nothing leaked -----------------------------------------------------------------------------
-def test_nothing_leaks(server, tiny_dirs):
+def test_nothing_leaks(server, tiny_dirs, tmp_path):
     """No server path in the safetensors answer's metadata, no Python repr in an error body, the
     route listing and /metrics behind the key (no /docs or /redoc pages), the probes open."""
     import qwen_vit_jax as qvj
 
     r = post(server.url, image_body(st.jpeg(112, 112, seed=4)), Accept="application/vnd.safetensors")
     assert r.status_code == 200
-    with contextlib.ExitStack() as stack:
-        path = stack.enter_context(_tmp_file(r.content))
-        meta = qvj.read_embeddings(path).metadata
+    (tmp_path / "answer.safetensors").write_bytes(r.content)
+    meta = qvj.read_embeddings(tmp_path / "answer.safetensors").metadata
     assert meta["checkpoint"] == pathlib.Path(tiny_dirs[1]).name
     assert str(tiny_dirs[1]) not in r.content.decode("latin-1")
     garbage = post(server.url, image_body(b"\x00not an image at all"))
@@ -166,16 +165,6 @@ def test_nothing_leaks(server, tiny_dirs):
         assert httpx.get(server.url + route).status_code == want, route
         assert httpx.get(server.url + route, headers=AUTH).status_code == want_keyed, route
     assert "/v1/embeddings" in httpx.get(server.url + "/openapi.json", headers=AUTH).json()["paths"]
-
-
-@contextlib.contextmanager
-def _tmp_file(content: bytes):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        path = pathlib.Path(d) / "answer.safetensors"
-        path.write_bytes(content)
-        yield path
 
 
 # ---- papercuts ----------------------------------------------------------------------------------
