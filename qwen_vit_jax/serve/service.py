@@ -71,7 +71,7 @@ class Service:
     def __init__(self, settings: Settings, metrics):
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
-        self.enc = self.pool = self.batcher = self.disk = self.preprocessing = None
+        self.enc = self.pool = self.batcher = self.disk = self.bound = self.preprocessing = None
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
@@ -91,9 +91,11 @@ class Service:
                 enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
             if s.warmup_batches:
                 self._warm(enc, budget)
-            self.preprocessing = enc.preprocessing  # what the workers prepare with, and the keys follow
             from qwen_vit_jax.data.pipeline import Unpack
+            from qwen_vit_jax.serve.bounds import ItemBound
 
+            bound = ItemBound.of(enc.preprocessing, s.max_item_patches or budget, s.max_frames, s.oversize == "resize")
+            self.bound, self.preprocessing = bound, bound.preprocessing  # the workers' and the keys' settings
             self._unpack = Unpack(self.preprocessing.image, self.preprocessing.video)
             if s.cache:
                 from qwen_vit_jax.data.cache import ContentCache, checkpoint_fingerprint
@@ -181,7 +183,8 @@ class Service:
                     e = t.exception()
                     if isinstance(e, Failure):
                         raise Failure(e.status, f"input[{i}]: {e.message}") from None
-                    raise Failure(500, f"input[{i}]: {type(e).__name__}: {e}") from e
+                    log.error("input[%d] failed", i, exc_info=e)  # the details stay in the log
+                    raise Failure(500, f"input[{i}]: an internal error (logged by the server)") from e
             return [t.result() for t in tasks]
         finally:
             for t in tasks:
@@ -239,8 +242,12 @@ class Service:
             raise Failure(503, f"{e}; not prepared, send it again") from None
         m.stage.labels("prepare").observe(d.get("seconds", 0.0))
         waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
+        if d.get("missing"):  # the server lacks a decoder: its fault, not the client's
+            raise Failure(501, f"this server cannot read a {item.kind}: {d['error']}")
         if d.get("error"):
             raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
+        if (over := self.bound.grid_over(item.kind, d["grid"])) is not None:
+            raise Failure(413, over)
         from qwen_vit_jax.serve.batcher import Job
 
         job = Job(*self._unpack(d), deepstack, waited)
