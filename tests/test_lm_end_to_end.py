@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.prompt.config import token_types
+from qwen_vit_jax.prompt.positions import token_types
 from qwen_vit_jax.tools.hf_reference import FLOAT32, compare
 from tests.hf_utils import random_pixels
 from tests.test_splice import FAMILIES, TOWERS, inner, prompt_config_of, random_batch, tiny_hf

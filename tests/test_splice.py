@@ -20,7 +20,8 @@ import torch
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.presets import PRESETS
-from qwen_vit_jax.prompt.config import IMAGE, VIDEO, config_from_dict, token_types
+from qwen_vit_jax.prompt.config import IMAGE, VIDEO, config_from_dict
+from qwen_vit_jax.prompt.positions import token_types
 from qwen_vit_jax.prompt.splice import apply_deepstack, apply_splice, plan_splice
 from qwen_vit_jax.tools.hf_reference import (
     AUDIO_CONFIG,
@@ -303,7 +304,7 @@ def test_split_under_jit_and_dtypes():
     given = plan_splice(cfg, ids, len(img), len(vid), mm_token_type_ids=token_types(cfg, ids))
     for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(given)):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="must be >= 0 or None"):
+    with pytest.raises(ValueError, match="image_rows must be an int >= 0 or None, got -1"):
         plan_splice(cfg, ids, -1, len(vid))
     ds = apply_deepstack(plan, [img, img], [vid, vid])
     assert [d.shape for d in ds] == [(len(img) + len(vid), WIDTH)] * 2
@@ -332,7 +333,7 @@ def test_splice_count_checks():
         qvj.splice(cfg, ids, text, None, vid, image_deepstack=[img], video_deepstack=[vid])
     with pytest.raises(ValueError, match="differ"):
         qvj.splice(cfg, ids, text, img, vid, image_deepstack=[img, img], video_deepstack=[vid])
-    with pytest.raises(ValueError, match=r"mm_token_type_ids\[0, 0\] is 7"):
+    with pytest.raises(ValueError, match=r"row 0, column 0: mm_token_type_ids value 7"):
         qvj.splice(cfg, ids, text, img, vid, mm_token_type_ids=np.full(ids.shape, 7))
     with pytest.raises(ValueError, match="integer array"):
         qvj.splice(cfg, ids[0], text[0], img, vid)
@@ -493,5 +494,5 @@ def test_expand_errors_and_shapes():
         qvj.expand_placeholders(cfg, [vs, v, ve], None, [[2, 2, 2]])
     with pytest.raises(ValueError, match="video 0 has 2 temporal patches but video_timestamps gives 1 times"):
         qvj.expand_placeholders(cfg, [vs, v, ve], None, [[2, 2, 2]], video_timestamps=[[0.0]], timestamp_ids=list)
-    with pytest.raises(ValueError, match=r"image_grid_thw must be positive integers \[n, 3\]"):
+    with pytest.raises(ValueError, match=r"image_grid_thw: grid_thw must have shape \[k, 3\]"):
         qvj.expand_placeholders(cfg, [i], [[1, 2]])
