@@ -374,7 +374,7 @@ def config_from_dict(d: dict, where: str = "HF config") -> PromptConfig:
         position_id_per_seconds=float(field("position_id_per_seconds", 25)),
         seconds_per_chunk=float(field("seconds_per_chunk", 2)),
         audio_n_window=int(audio.get("n_window", 50)),
-        rotary=read_text_rotary(family, text_fields(thinker), rules.mrope_section, rules.partial_rotary, where),
+        rotary=read_text_rotary(family, text_fields(family, thinker), rules.mrope_section, rules.partial_rotary, where),
     )
 
 

@@ -40,7 +40,10 @@ _TEXT_DEFAULTS = {
     "qwen2_5_omni": (3584, 28, None, 1e6, None, 32768),
     "qwen3_omni_moe": (2048, 28, None, 1e6, None, 32768),
 }
-# The text fields a 4.4x config.json keeps at its top level (5.x nests them in text_config).
+# The families released with 4.4x config.json files, which keep the text model's fields at their
+# top level (HF 5.x moves them into text_config); the later families' HF classes read only
+# text_config (its class defaults when it is missing).
+_FLAT_TEXT = ("qwen2_vl", "qwen2_5_vl", "paddleocr_vl")
 _TEXT_KEYS = (
     "hidden_size",
     "num_attention_heads",
@@ -70,25 +73,35 @@ class TextRotary:
     mrope_section: tuple[int, ...]
     inv_freq: tuple[float, ...]
     attention_scaling: float = 1.0
+    error: str = ""  # why the tables cannot be made (an unsupported rope type, an odd width): mrope_tables raises it
 
     @property
     def rotary_dim(self) -> int:
         return 2 * len(self.inv_freq)
 
 
-def text_fields(thinker: dict) -> dict:
-    """The text model's config fields: `text_config` (5.x), else the top-level ones (4.4x)."""
+def text_fields(family: str, thinker: dict) -> dict:
+    """The text model's config fields: `text_config` (5.x), else the top-level ones of a 4.4x
+    file where HF reads them there, else none (HF's class defaults)."""
     text = thinker.get("text_config")
     if isinstance(text, dict):
         return text
-    return {k: thinker[k] for k in _TEXT_KEYS if k in thinker}
+    return {k: thinker[k] for k in _TEXT_KEYS if k in thinker} if family in _FLAT_TEXT else {}
 
 
 def read_text_rotary(family: str, text: dict, mrope_section: tuple, reads_partial: bool, where: str) -> TextRotary:
     """`TextRotary` from the text config fields (HF's standardisation: `rope_scaling` before
     `rope_parameters`, `rope_theta` / `partial_rotary_factor` inside it or beside it, "mrope" is
-    "default"). ValueError names `where` for a rope type whose tables depend on call history or
-    sequence length ("dynamic", "longrope") and a layout HF's module cannot split."""
+    "default"). A rope type whose tables depend on call history or sequence length ("dynamic",
+    "longrope") or an odd rotary width gives a TextRotary whose `error` says so (naming `where`):
+    the prompt's positions do not need the rotary, only `mrope_tables` raises."""
+    try:
+        return _read(family, text, mrope_section, reads_partial, where)
+    except ValueError as e:
+        return TextRotary(rope_type="", head_dim=0, rope_theta=0.0, mrope_section=(), inv_freq=(), error=str(e))
+
+
+def _read(family: str, text: dict, mrope_section: tuple, reads_partial: bool, where: str) -> TextRotary:
     hidden, heads, head_dim, theta, partial, max_pos = _TEXT_DEFAULTS[family]
     hidden = int(text.get("hidden_size", hidden))
     heads = int(text.get("num_attention_heads", heads))
@@ -109,7 +122,7 @@ def read_text_rotary(family: str, text: dict, mrope_section: tuple, reads_partia
         if partial is not None and (reads_partial or rope_type != "default")
         else head_dim
     )
-    if dim < 2 or dim > head_dim:
+    if dim < 2 or dim > head_dim or dim % 2:
         raise ValueError(f"{where}: rotary width {dim} for head_dim {head_dim} (partial_rotary_factor {partial})")
     sections = tuple(int(s) for s in rp.get("mrope_section", mrope_section))
     inv, scaling = _inv_freq(rope_type, rp, dim, theta, int(text.get("max_position_embeddings", max_pos)), where)
