@@ -336,6 +336,12 @@ def test_split_under_jit_and_dtypes():
         plan_splice(cfg, ids, -1, len(vid))
     ds = apply_deepstack(plan, [img, img], [vid, vid])
     assert [d.shape for d in ds] == [(len(img) + len(vid), WIDTH)] * 2
+    # a family without deepstack: its plan has no visual positions or deepstack rows to gather by
+    flat = plan_splice(prompt_config_of("qwen2_5_vl"), ids, len(img), len(vid))
+    assert flat.visual_pos_masks is None and flat.deepstack_rows is None
+    np.testing.assert_array_equal(flat.rows, plan.rows)
+    with pytest.raises(ValueError, match="the plan has no deepstack rows"):
+        apply_deepstack(flat, [img], [vid])
 
 
 def test_splice_count_checks():

@@ -12,6 +12,7 @@ import numpy as np
 from ..config import VisionConfig
 
 MAX_PATCHES = 2**30  # keeps every padded row index comfortably inside int32
+_INT64 = np.dtype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
@@ -78,7 +79,7 @@ def checked_grid(grid_thw, merge: int = 1) -> tuple[np.ndarray, list[list[int]]]
         raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("grid_thw is empty: need at least one (t, h, w) row")
-    if arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
+    if arr.dtype != _INT64 and arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
         raise ValueError(f"grid_thw must hold integers, got dtype {arr.dtype}")
     rows = arr.tolist()  # k is small: Python ints are faster than a handful of tiny numpy ops, and exact
     total = 0

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import prompt_config
 from .positions import AS_FOUND, NOT_GIVEN, run
-from .splice import SplicePlan
+from .splice import SplicePlan, splice_plan
 
 
 class LMInputs(NamedTuple):
@@ -71,17 +71,18 @@ def lm_inputs(
     pos, deltas, rows, visual, deep, counts = run(
         prompt_config(source),
         input_ids,
-        mm_token_type_ids=mm_token_type_ids,
-        image_grid_thw=image_grid_thw,
-        video_grid_thw=video_grid_thw,
-        second_per_grid_ts=second_per_grid_ts,
-        attention_mask=attention_mask,
-        audio_seqlens=audio_seqlens,
-        use_audio_in_video=use_audio_in_video,
-        splice=want,
-        start=cached,
+        mm_token_type_ids,
+        image_grid_thw,
+        video_grid_thw,
+        second_per_grid_ts,
+        attention_mask,
+        audio_seqlens,
+        use_audio_in_video,
+        True,
+        want,
+        cached,
     )
-    plan = SplicePlan(  # positional: a frozen dataclass's keywords cost a microsecond here
+    plan = splice_plan(
         rows,
         visual,
         deep,

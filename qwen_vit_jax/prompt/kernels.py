@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .config import K_AUDIO, K_GLM, K_IMAGE, K_PAD, K_VEND_GLM, K_VIDEO, K_VSTART_GLM
+from .config import K_AUDIO, K_GLM, K_IMAGE, K_MERGE, K_PAD, K_VEND_GLM, K_VIDEO, K_VSTART_GLM
 from .row_positions import (
     AS_FOUND,
     AUDIO,
@@ -36,17 +36,16 @@ from .row_positions import (
     positions_row,
     put,
     result,
+    run_end,
     text_only_row,
 )
 
 
 @numba.njit(cache=True)
-def row_types(ids, b, knobs, out, start):
+def row_types(ids, b, knobs, out):
     """Row b's token types (out: [L]), as the family's processor writes mm_token_type_ids: the
     placeholder ids, and for GLM-4V (one placeholder for both) image tokens between
-    <|begin_of_video|> and <|end_of_video|> are video. Returns the image, video and audio tokens
-    from column `start` on."""
-    ci = cv = ca = 0
+    <|begin_of_video|> and <|end_of_video|> are video."""
     image, video, audio = knobs[K_IMAGE], knobs[K_VIDEO], knobs[K_AUDIO]
     if knobs[K_GLM]:
         vstart, vend = knobs[K_VSTART_GLM], knobs[K_VEND_GLM]
@@ -54,69 +53,83 @@ def row_types(ids, b, knobs, out, start):
         for j in range(ids.shape[1]):
             x = ids[b, j]
             depth += (x == vstart) - (x == vend)
-            t = (VIDEO if depth > 0 else IMAGE) if x == image else TEXT
-            out[j] = t
+            out[j] = (VIDEO if depth > 0 else IMAGE) if x == image else TEXT
     else:
-        for j in range(ids.shape[1]):  # branch-free (ids are distinct): vectorised
-            x = ids[b, j]
-            out[j] = (x == image) * IMAGE + (x == video) * VIDEO + (x == audio) * AUDIO
-    for j in range(start, ids.shape[1]):
-        t = out[j]
-        ci += t == IMAGE
-        cv += t == VIDEO
-        ca += t == AUDIO
-    return ci, cv, ca
+        row = ids[b]
+        for j in range(ids.shape[1]):  # branch-free (the ids differ): vectorised
+            x = row[j]
+            out[j] = np.int8(x == image) + np.int8(2) * np.int8(x == video) + np.int8(3) * np.int8(x == audio)
 
 
 @numba.njit(cache=True)
 def token_types(ids, knobs, out):
     """Every row's types (out: int32 [B, L])."""
     for b in range(ids.shape[0]):
-        row_types(ids, b, knobs, out[b], 0)
+        row_types(ids, b, knobs, out[b])
 
 
 @numba.njit(cache=True)
-def _splice_rows(tbuf, start, want, found, rows, visual, deep_rows):
+def _count(tbuf, width, length, start, counts):
+    """The image, video and audio tokens of columns start.. into counts (tbuf: the rows of types,
+    int8, each padded to `width`), run by run."""
+    words = tbuf.view(np.uint64)
+    for b in range(tbuf.shape[0] // width):
+        row, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
+        j = start
+        while j < length:
+            t = row[j]
+            e = run_end(row, row_words, j, length, t)
+            if t != TEXT:
+                counts[t - 1] += e - j
+            j = e
+
+
+@numba.njit(cache=True)
+def _splice_rows(tbuf, width, start, rows_of, rows, visual, deep_rows, seen):
     """The splice's rows of columns start.. (see splice.py): each position's row of the table
-    [text (B * L'); image rows; video rows; audio rows], L' = L - start; the visual positions; the
-    joint deepstack rows ([image rows; video rows]). Returns V, the visual positions."""
-    nb, length = tbuf.shape
-    width = length - start
-    # a kind's rows in the table: as given, as found, or none (its tokens keep their text rows)
-    n_image = found[0] if want[0] == AS_FOUND else max(want[0], 0)
-    n_video = found[1] if want[1] == AS_FOUND else max(want[1], 0)
-    base_image = nb * width
-    base_video = base_image + n_image
-    base_audio = base_video + n_video
-    use_image, use_video, use_audio = want[0] != NOT_GIVEN, want[1] != NOT_GIVEN, want[2] != NOT_GIVEN
-    si = sv = sa = 0
+    [text (B * L'); image rows; video rows; audio rows], L' = L - start, a kind's rows_of[k] rows
+    (NOT_GIVEN: none, its tokens keep their own rows); the visual positions; the joint deepstack
+    rows ([image rows; video rows]). tbuf: the rows of types (int8, each padded to `width`). Counts
+    each kind's tokens into seen; returns V, the visual positions. Run by run of one token type:
+    each run is a few vectorised fills."""
+    nb, cols = rows.shape
+    length = start + cols
+    n_image, n_video = max(rows_of[0], 0), max(rows_of[1], 0)
+    base = (nb * cols, nb * cols + n_image, nb * cols + n_image + n_video)
+    deep_base = (0, n_image, 0)
+    words = tbuf.view(np.uint64)
+    with_visual = visual.shape[0] == nb  # a deepstack family's (its model reads them)
     v = 0
     for b in range(nb):
-        for j in range(start, length):
-            c = j - start
-            k = tbuf[b, j]
-            r = b * width + c
-            vis = False
-            if k == IMAGE:
-                if use_image:
-                    r = base_image + si
-                    vis = True
-                    deep_rows[v] = si
-                    v += 1
-                si += 1
-            elif k == VIDEO:
-                if use_video:
-                    r = base_video + sv
-                    vis = True
-                    deep_rows[v] = n_image + sv
-                    v += 1
-                sv += 1
-            elif k == AUDIO:
-                if use_audio:
-                    r = base_audio + sa
-                sa += 1
-            rows[b, c] = r
-            visual[b, c] = vis
+        row, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
+        j = start
+        while j < length:
+            t = row[j]
+            e = run_end(row, row_words, j, length, t)
+            c, r = j - start, e - j
+            # views indexed from 0: no negative-index check in the loops, so they vectorise
+            rrow = rows[b, c : c + r]
+            if t == TEXT or rows_of[t - 1] == NOT_GIVEN:  # the token's own (text) row
+                first = b * cols + c
+                for i in range(r):
+                    rrow[i] = first + i
+                if with_visual:
+                    visual[b, c : c + r] = False
+            else:
+                first = base[t - 1] + seen[t - 1]
+                for i in range(r):
+                    rrow[i] = first + i
+                if with_visual:
+                    visual[b, c : c + r] = t != AUDIO
+                if with_visual and t != AUDIO:
+                    first = deep_base[t - 1] + seen[t - 1]
+                    drow = deep_rows[v : v + r]
+                    for i in range(r):
+                        drow[i] = first + i
+                    v += r
+            if t != TEXT:
+                seen[t - 1] += r
+            j = e
     return v
 
 
@@ -151,8 +164,9 @@ def _unmasked(mask, b, have_mask, idx, pos, pad):
             idx[c] = lo + c
         for j in range(lo):
             put(pos, b, j, pad, pad, pad)
-        for j in range(hi, length):
-            put(pos, b, j, pad, pad, pad)
+        after = pos[:, b, hi:]  # a view indexed from 0: no negative-index check
+        for j in range(length - hi):
+            after[0, j] = after[1, j] = after[2, j] = pad
         return n
     n = 0
     for j in range(length):
@@ -198,39 +212,33 @@ def lm_rows(
     check).
     Out: pos [3, B, L] int64 or float32 and deltas [B, 1] (pos of shape [0, 0, 0]: no positions);
     rows int32 [B, L - start], visual bool [B, L - start], deep_rows int32 [B * (L - start)]
-    (rows of shape [0, 0]: no splice).
+    (rows of shape [0, 0]: no splice; visual of shape [0, 0]: no visual positions nor deepstack rows).
     Returns the error record (7 ints, code 0: none), then V (the visual positions) and the image,
     video and audio tokens of the splice's columns.
     """
     nb, length = ids.shape
-    work = np.zeros(17, np.int64)
-    err, counts, state, want = work[:7], work[7:10], work[10:14], work[14:]
-    want[0], want[1], want[2] = want_image, want_video, want_audio
+    work = np.zeros(24, np.int64)  # one allocation for the small arrays
+    err, counts, state, rows_of, seen = work[:7], work[7:10], work[10:14], work[14:17], work[17:20]
     want_pos = pos.shape[1] == nb and nb > 0
     have_types = types.shape[0] == nb
     have_mask = mask.shape[0] == nb
-    tbuf = np.empty((nb, length), np.int32)
+    width = (length + 8) // 8 * 8  # each row's types padded (with -1) to whole 8-byte words
+    tbuf = np.empty(nb * width, np.int8)
+    words = tbuf.view(np.uint64)
     idx = np.empty(length, np.int64)
     pad = as_pos(1 if text_only else knobs[K_PAD], pos)
     for b in range(nb):
-        trow = tbuf[b]
+        trow, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
+        trow[length:] = -1
         if have_types:
-            ci = cv = ca = 0  # scalars: a counts[] increment per token would chain through memory
             for j in range(length):
                 t = types[b, j]
                 if t < TEXT or t > AUDIO:
                     fail(err, E_BAD_TYPE, b, 0, j, t, 0)
                     return result(err, 0, counts)
                 trow[j] = t
-                if j >= start:
-                    ci += t == IMAGE
-                    cv += t == VIDEO
-                    ca += t == AUDIO
         else:
-            ci, cv, ca = row_types(ids, b, knobs, trow, start)
-        counts[0] += ci
-        counts[1] += cv
-        counts[2] += ca
+            row_types(ids, b, knobs, trow)
         if not want_pos:
             continue
         n = _unmasked(mask, b, have_mask, idx, pos, pad)
@@ -244,7 +252,7 @@ def lm_rows(
             fail(err, E_EMPTY_ROW, b, 0, 0, 0, 0)
             return result(err, 0, counts)
         if not positions_row(
-            ids, trow, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err
+            ids, trow, row_words, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err
         ):
             return result(err, 0, counts)
     if want_pos and not text_only:
@@ -259,11 +267,25 @@ def lm_rows(
             fail(err, E_LEFT_OVER, -1, AUDIO, 0, ai, audio_len.shape[0])
         if err[0]:
             return result(err, 0, counts)
-    for k in range(3):
-        if want[k] >= 0 and counts[k] != want[k]:
-            fail(err, E_COUNT, -1, k + 1, 0, counts[k], want[k])
-            return result(err, 0, counts)
     v = 0
     if rows.shape[0] == nb and nb > 0:
-        v = _splice_rows(tbuf, start, want, counts, rows, visual, deep_rows)
+        if AS_FOUND in (want_image, want_video, want_audio):  # the rows a kind has are its tokens
+            if want_pos and not text_only and start == 0:  # its items' tokens: the runs matched them
+                merge = knobs[K_MERGE] ** 2
+                for i in range(images.shape[0]):
+                    counts[0] += images[i, 0] * images[i, 1] * images[i, 2] // merge
+                for i in range(videos.shape[0]):
+                    counts[1] += videos[i, 0] * videos[i, 1] * videos[i, 2] // merge
+                counts[2] = audio_len.sum()
+            else:
+                _count(tbuf, width, length, start, counts)
+        rows_of[0] = counts[0] if want_image == AS_FOUND else want_image
+        rows_of[1] = counts[1] if want_video == AS_FOUND else want_video
+        rows_of[2] = counts[2] if want_audio == AS_FOUND else want_audio
+        v = _splice_rows(tbuf, width, start, rows_of, rows, visual, deep_rows, seen)
+        for k in range(3):  # HF's get_placeholder_mask check (and masked placeholders, as found)
+            if rows_of[k] >= 0 and seen[k] != rows_of[k]:
+                fail(err, E_COUNT, -1, k + 1, 0, seen[k], rows_of[k])
+                break
+        counts[:] = seen
     return result(err, v, counts)

@@ -124,13 +124,13 @@ def rope_index(
     out = run(
         prompt_config(source),
         input_ids,
-        mm_token_type_ids=mm_token_type_ids,
-        image_grid_thw=image_grid_thw,
-        video_grid_thw=video_grid_thw,
-        second_per_grid_ts=second_per_grid_ts,
-        attention_mask=attention_mask,
-        audio_seqlens=audio_seqlens,
-        use_audio_in_video=use_audio_in_video,
+        mm_token_type_ids,
+        image_grid_thw,
+        video_grid_thw,
+        second_per_grid_ts,
+        attention_mask,
+        audio_seqlens,
+        use_audio_in_video,
     )
     return out[0], out[1]
 
@@ -138,7 +138,6 @@ def rope_index(
 def run(
     cfg: PromptConfig,
     input_ids,
-    *,
     mm_token_type_ids=None,
     image_grid_thw=None,
     video_grid_thw=None,
@@ -150,7 +149,8 @@ def run(
     splice: tuple[int, int, int] | None = None,
     start: int = 0,
 ):
-    """The one kernel call behind `rope_index`, `plan_splice` and `lm_inputs`.
+    """The one kernel call behind `rope_index`, `plan_splice` and `lm_inputs` (arguments as
+    `rope_index`'s, in its order: the callers pass them positionally, a microsecond less a call).
 
     positions: compute positions and deltas (then the grids are read and checked). splice: the
     image / video / audio embedding rows (each NOT_GIVEN, AS_FOUND or a count to check) to compute
@@ -159,9 +159,9 @@ def run(
     splice's columns)); what was not asked for is an empty stand-in.
     """
     ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
-    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+    if ids.ndim != 2 or (ids.dtype is not _I64 and ids.dtype.kind not in "iu"):
         raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    if ids.dtype != _I64 or not ids.flags.c_contiguous:
+    if ids.dtype is not _I64 or not ids.flags.c_contiguous:
         ids = np.ascontiguousarray(ids, np.int64)
     nb, length = ids.shape
     rules = cfg.rules
@@ -190,15 +190,19 @@ def run(
             raise ValueError(f"cached must be between 0 and the prompt's {length} columns, got {start}")
         width = length - start
         rows = np.empty((nb, width), _I32)
-        visual = np.empty((nb, width), _BOOL)
-        deep = np.empty(nb * width, _I32)
+        if cfg.deepstack:  # the visual positions and deepstack rows: only a deepstack family's model reads them
+            visual, deep = np.empty((nb, width), _BOOL), np.empty(nb * width, _I32)
+        else:
+            visual, deep = _NO_VISUAL, _NO_DEEP
         want = splice
     r = K.lm_rows(
-        ids, types, mask, images, videos, times, alen, cfg.knobs, aiv, text_only, start, *want, pos, deltas, rows,
-        visual, deep,
+        ids, types, mask, images, videos, times, alen, cfg.knobs, aiv, text_only, start, want[0], want[1], want[2],
+        pos, deltas, rows, visual, deep,
     )  # fmt: skip
     if r[0]:
         raise ValueError(_message(r[:7], cfg))
+    if visual is _NO_VISUAL:
+        return pos, deltas, rows, None, None, r[8:]
     return pos, deltas, rows, visual, deep[: r[7]], r[8:]
 
 
@@ -230,41 +234,45 @@ def grid(g, merge: int, name: str) -> np.ndarray:
     (a `plan.Grid` already is), ValueError naming the argument."""
     if g is None:
         return _EMPTY_GRID
-    if isinstance(g, Grid):
+    if type(g) is np.ndarray:
+        if g.ndim == 2 and g.shape[0] == 0:
+            return _EMPTY_GRID
+    elif isinstance(g, Grid):
         return as_grid(g, merge=merge).array
-    if isinstance(g, (list, tuple, np.ndarray)) and len(g) == 0:
+    elif isinstance(g, (list, tuple)) and not g:
         return _EMPTY_GRID
     try:
         arr, _ = checked_grid(g, merge)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
-    return arr if arr.dtype == _I64 and arr.flags.c_contiguous else np.ascontiguousarray(arr, np.int64)
+    return arr if arr.dtype is _I64 and arr.flags.c_contiguous else np.ascontiguousarray(arr, np.int64)
 
 
 def _times(cfg: PromptConfig, second_per_grid_ts, nv: int) -> np.ndarray:
     """float32 [2 + videos]: image_b, video_b, then each video's a. HF's temporal position of frame
-    k is f32(f32(k) * a) * b (kernels._time; images: a = 1), truncated unless the family keeps
+    k is f32(f32(k) * a) * b (kernels' _time; images: a = 1), truncated unless the family keeps
     floats."""
     rules = cfg.rules
-    if second_per_grid_ts is not None:
-        s = np.asarray(second_per_grid_ts, np.float32).reshape(-1)
-        if s.shape[0] != nv:
-            raise ValueError(f"second_per_grid_ts has {s.shape[0]} entries for {nv} videos (video_grid_thw rows)")
-    elif rules.time == TIME_OMNI and nv:
-        raise ValueError(f"{cfg.family}: second_per_grid_ts is required with videos (HF's thinker reads one per video)")
-    elif not nv and rules.time != TIME_OMNI:
-        return _NO_TIMES
-    else:
-        s = np.ones(nv, np.float32)  # Qwen2.5-VL's default: 1 second per grid
-    times = np.empty(2 + nv, np.float32)
-    times[:2] = 1
+    omni = rules.time == TIME_OMNI
+    b = cfg.position_id_per_seconds if omni else 1.0
+    if second_per_grid_ts is None:
+        if omni and nv:
+            raise ValueError(
+                f"{cfg.family}: second_per_grid_ts is required with videos (HF's thinker reads one per video)"
+            )
+        if not nv and not omni:
+            return _NO_TIMES
+        # Qwen2.5-VL's default is 1 second per grid: f32(tokens_per_second) * f32(1) = f32(tokens_per_second)
+        return np.array([b, b] + [cfg.tokens_per_second if rules.time == TIME_TPS else 1.0] * nv, _F32)
+    s = np.asarray(second_per_grid_ts, _F32).reshape(-1)
+    if s.shape[0] != nv:
+        raise ValueError(f"second_per_grid_ts has {s.shape[0]} entries for {nv} videos (video_grid_thw rows)")
+    times = np.empty(2 + nv, _F32)
+    times[:2] = b
     if rules.time == TIME_TPS:
         times[2:] = np.float32(cfg.tokens_per_second) * s  # float32, as torch's int * float32 tensor
-    elif rules.time == TIME_OMNI:
-        times[:2] = cfg.position_id_per_seconds
-        times[2:] = s
     else:
-        times[2:] = 1
+        times[2:] = s if omni else 1
     return times
 
 

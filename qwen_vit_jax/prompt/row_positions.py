@@ -111,11 +111,12 @@ def _block(pos, b, idx, k, gt, gh, gw, a, bb, st):
         tp = as_pos(st + time_pos(_time(ti, a, bb), pos), pos)
         for hi in range(gh):
             hp = as_pos(st + hi, pos)
-            if contiguous:
+            if contiguous:  # views indexed from 0: no negative-index check in the loop, so it vectorises
+                p0, p1, p2 = pos[0, b, j : j + gw], pos[1, b, j : j + gw], pos[2, b, j : j + gw]
                 for wi in range(gw):
-                    pos[0, b, j + wi] = tp
-                    pos[1, b, j + wi] = hp
-                    pos[2, b, j + wi] = as_pos(st + wi, pos)
+                    p0[wi] = tp
+                    p1[wi] = hp
+                    p2[wi] = as_pos(st + wi, pos)
                 j += gw
             else:
                 for wi in range(gw):
@@ -265,16 +266,59 @@ def text_only_row(mask, have_mask, b, length, pos, deltas):
 
 
 @numba.njit(cache=True)
+def run_end(trow, words, j, end, t):
+    """The end of the run of token type t at trow[j] (int8, a row padded to a multiple of 8 and
+    `words` its uint64 view), at most `end`: eight tokens a compare where it can."""
+    pattern = np.uint64(t & 0xFF) * np.uint64(0x0101010101010101)
+    e = j + 1
+    while e < end and e & 7:
+        if trow[e] != t:
+            return e
+        e += 1
+    while e + 8 <= end and words[e >> 3] == pattern:
+        e += 8
+    while e < end and trow[e] == t:
+        e += 1
+    return e
+
+
+@numba.njit(cache=True)
+def _run_length(trow, words, idx, k, n, t, flat, lo, expect):
+    """The length of the run of token type t from compressed column k. A run of its item's length
+    `expect` is checked without a branch per token (vectorised); otherwise it is scanned."""
+    if 0 < expect and k + expect <= n:
+        bad = 0
+        if flat:
+            run = trow[lo + k : lo + k + expect]  # a view indexed from 0: the loop vectorises
+            for c in range(expect):
+                bad |= run[c] != t
+            after = k + expect == n or trow[lo + k + expect] != t
+        else:
+            for c in range(k, k + expect):
+                bad |= trow[idx[c]] != t
+            after = k + expect == n or trow[idx[k + expect]] != t
+        if not bad and after:
+            return expect
+    if flat:
+        return run_end(trow, words, lo + k, lo + n, t) - lo - k
+    r = 1
+    while k + r < n and trow[idx[k + r]] == t:
+        r += 1
+    return r
+
+
+@numba.njit(cache=True)
 def _piece(pos, b, idx, k, lo, hi, base, contiguous):
     """HF's piece of text tokens: columns idx[k + lo : k + hi] at base + 0, 1, ... Returns the last
     position written (base - 1 when empty)."""
-    if contiguous:  # no masked hole: direct, vectorisable stores
+    if contiguous:  # no masked hole: views indexed from 0, so the stores vectorise
         j = idx[k] + lo
+        p0, p1, p2 = pos[0, b, j : j + hi - lo], pos[1, b, j : j + hi - lo], pos[2, b, j : j + hi - lo]
         for c in range(hi - lo):
             p = as_pos(base + c, pos)
-            pos[0, b, j + c] = p
-            pos[1, b, j + c] = p
-            pos[2, b, j + c] = p
+            p0[c] = p
+            p1[c] = p
+            p2[c] = p
     else:
         for c in range(hi - lo):
             p = as_pos(base + c, pos)
@@ -283,7 +327,7 @@ def _piece(pos, b, idx, k, lo, hi, base, contiguous):
 
 
 @numba.njit(cache=True)
-def positions_row(ids, trow, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err):
+def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err):
     """Row b's positions over its n unmasked columns idx[:n]. times: float32 [image_b, video_b,
     video_a...]. state: the items consumed so far (image, video, frame into the current video,
     audio), updated. Returns False on an error (written to err).
@@ -302,11 +346,18 @@ def positions_row(ids, trow, b, idx, n, images, videos, times, audio_len, knobs,
     hold = False  # Qwen2.5-Omni: the next text token repeats the current position
     eos = 0  # the end tokens HF gives the item before (<vision_end>, or <audio_end><vision_end>)
     k = 0
+    lo = idx[0]
+    flat = idx[n - 1] - lo == n - 1  # the row's unmasked tokens are one span: read trow itself
     while k < n:
         t = trow[idx[k]]
-        r = 1
-        while k + r < n and trow[idx[k + r]] == t:
-            r += 1
+        expect = 0  # the run's length if it is its item's (a vision item's grid, an audio's length)
+        if t == IMAGE and ii < images.shape[0]:
+            expect = images[ii, 0] * (images[ii, 1] // merge) * (images[ii, 2] // merge)
+        elif t == VIDEO and aiv == 0 and vi < videos.shape[0]:
+            expect = (1 if split else videos[vi, 0]) * (videos[vi, 1] // merge) * (videos[vi, 2] // merge)
+        elif t == AUDIO and ai < audio_len.shape[0]:
+            expect = audio_len[ai]
+        r = _run_length(trow, words, idx, k, n, t, flat, lo, expect)
         if t == TEXT:
             if hold:  # <audio_end> and <vision_end> share one position (checked: two text tokens)
                 put(pos, b, idx[k], cur, cur, cur)
