@@ -79,7 +79,7 @@ def checked_grid(grid_thw, merge: int = 1) -> tuple[np.ndarray, list[list[int]]]
         raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("grid_thw is empty: need at least one (t, h, w) row")
-    if arr.dtype != _INT64 and arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
+    if arr.dtype is not _INT64 and arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
         raise ValueError(f"grid_thw must hold integers, got dtype {arr.dtype}")
     rows = arr.tolist()  # k is small: Python ints are faster than a handful of tiny numpy ops, and exact
     total = 0

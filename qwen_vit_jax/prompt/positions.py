@@ -171,11 +171,15 @@ def run(
     text_only = aiv = 0
     pos, deltas = _NO_POS, _NO_DELTAS
     if positions:
-        text_only = int(rules.text_fallback and image_grid_thw is None and video_grid_thw is None)
+        if rules.text_fallback and image_grid_thw is None and video_grid_thw is None:
+            text_only = 1
         merge = cfg.spatial_merge_size
-        images = grid(image_grid_thw, merge, "image_grid_thw")
-        videos = grid(video_grid_thw, merge, "video_grid_thw")
-        times = _times(cfg, second_per_grid_ts, videos.shape[0])
+        if image_grid_thw is not None:  # (the checks for what is not given: skipped, a call less each)
+            images = grid(image_grid_thw, merge, "image_grid_thw")
+        if video_grid_thw is not None:
+            videos = grid(video_grid_thw, merge, "video_grid_thw")
+        if video_grid_thw is not None or second_per_grid_ts is not None or rules.time == TIME_OMNI:
+            times = _times(cfg, second_per_grid_ts, videos.shape[0])
         alen = _NO_AUDIO if audio_seqlens is None else _audio_lengths(cfg, audio_seqlens)
         if use_audio_in_video and rules.audio_in_video == AIV_NONE:
             raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
@@ -220,7 +224,7 @@ def _mask(attention_mask, shape) -> np.ndarray:
     mask = attention_mask if type(attention_mask) is np.ndarray else np.asarray(attention_mask)
     if mask.shape != shape:
         raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {shape}: they must be equal")
-    if mask.dtype == _I64 or mask.dtype == _U8:
+    if mask.dtype is _I64 or mask.dtype is _U8:  # numpy's builtin dtypes are singletons
         return mask if mask.flags.c_contiguous else np.ascontiguousarray(mask)
     if mask.dtype == np.bool_:
         return np.ascontiguousarray(mask).view(np.uint8)

@@ -69,13 +69,17 @@ def splice_plan(rows, visual_pos_masks, deepstack_rows, image_rows, video_rows, 
     """A SplicePlan of these fields, as `SplicePlan(...)` makes it, without a frozen dataclass's
     __init__ (3 µs, one seventh of `lm_inputs`' one-image request: benchmarks/bench_positions.py)."""
     plan = object.__new__(SplicePlan)
-    plan.__dict__.update(
-        rows=rows,
-        visual_pos_masks=visual_pos_masks,
-        deepstack_rows=deepstack_rows,
-        image_rows=image_rows,
-        video_rows=video_rows,
-        audio_rows=audio_rows,
+    object.__setattr__(
+        plan,
+        "__dict__",
+        {
+            "rows": rows,
+            "visual_pos_masks": visual_pos_masks,
+            "deepstack_rows": deepstack_rows,
+            "image_rows": image_rows,
+            "video_rows": video_rows,
+            "audio_rows": audio_rows,
+        },
     )
     return plan
 
