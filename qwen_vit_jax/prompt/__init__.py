@@ -15,8 +15,9 @@ tables those positions give the text model (`mrope_tables`, `apply_mrope`).
   rotary.py       `mrope_tables`, `apply_mrope`: the family's text rotary in JAX (or numpy).
   expand.py       `expand_placeholders`: one pad token per image / video -> its full run.
 
-Host work beside plan/ (it imports plan's grid checks, never the model or the runtime); splice.py,
-inputs.py and rotary.py import jax (not imported here).
+Host work above weights/ (it reads a checkpoint's config through it, checks grids with plan/'s
+check) that never imports the model or the runtime; splice.py and rotary.py compute in jnp (not
+imported here), the rest in numpy and numba.
 """
 
 from .config import PromptConfig, RopeRules, prompt_config
