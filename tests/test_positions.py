@@ -591,3 +591,56 @@ def test_prompt_config_sources(tmp_path, monkeypatch):
     os.remove(out / HF_CONFIG_FILE)
     with pytest.raises(ValueError, match="without hf_config.json"):
         prompt_config(os.path.relpath(out))  # another spelling: not cached
+
+
+# ---- lm_inputs: the same kernel call, positions and splice together -----------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lm_inputs_equals_rope_index_and_plan_splice(family, family_setup):
+    """One call gives rope_index's positions and deltas and plan_splice's plan (its counts: the
+    tokens of each kind whose grids / lengths are given); with `cached`, the new columns' share."""
+    from qwen_vit_jax.prompt.inputs import lm_inputs
+    from qwen_vit_jax.prompt.splice import plan_splice
+
+    cfg, _ = family_setup(family)
+    for seed in range(6):
+        batch = random_batch(family, cfg, 300 + seed)
+        kw = dict(
+            image_grid_thw=batch["images"],
+            video_grid_thw=batch["videos"],
+            second_per_grid_ts=batch["spgt"],
+            attention_mask=batch["mask"],
+            audio_seqlens=batch["audios"],
+        )
+        p, d = pos.rope_index(cfg, batch["ids"], **kw)
+        types_ = token_types(cfg, batch["ids"])
+        for cached in (0, batch["ids"].shape[1] // 2):
+            got = lm_inputs(cfg, batch["ids"], **kw, cached=cached)
+            np.testing.assert_array_equal(got.position_ids, p[:, :, cached:])
+            np.testing.assert_array_equal(got.rope_deltas, d)
+            assert got.position_ids.dtype == got.rope_deltas.dtype == pos.position_dtype(cfg)
+            tail = types_[:, cached:]
+            counts = [None if kw[k] is None else int((tail == t).sum()) for k, t in
+                      (("image_grid_thw", 1), ("video_grid_thw", 2), ("audio_seqlens", 3))]  # fmt: skip
+            # the types of the whole rows (GLM's depend on the video tags before the cut)
+            want = plan_splice(cfg, batch["ids"][:, cached:], *counts, mm_token_type_ids=tail)
+            plan = got.splice
+            assert (plan.image_rows, plan.video_rows, plan.audio_rows) == tuple(counts)
+            np.testing.assert_array_equal(plan.rows, want.rows)
+            if cfg.deepstack:
+                np.testing.assert_array_equal(plan.visual_pos_masks, want.visual_pos_masks)
+                np.testing.assert_array_equal(plan.deepstack_rows, want.deepstack_rows)
+            else:
+                assert plan.visual_pos_masks is None and plan.deepstack_rows is None
+
+
+def test_lm_inputs_errors(family_setup):
+    from qwen_vit_jax.prompt.inputs import lm_inputs
+
+    cfg, _ = family_setup("qwen2_5_vl")
+    ids = _image_prompt(cfg, 4)
+    with pytest.raises(ValueError, match="cached must be between 0 and the prompt's 9 columns, got 10"):
+        lm_inputs(cfg, ids, image_grid_thw=[[1, 4, 4]], cached=10)
+    padded = np.concatenate([np.full((1, 2), cfg.image_token_id), ids], axis=1)  # placeholders in the padding
+    mask = np.concatenate([np.zeros((1, 2), np.int64), np.ones_like(ids)], axis=1)
+    with pytest.raises(ValueError, match="input_ids hold 6 image tokens, the image embeddings have 4 rows"):
+        lm_inputs(cfg, padded, image_grid_thw=[[1, 4, 4]], attention_mask=mask)  # HF's count check
