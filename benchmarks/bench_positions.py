@@ -26,11 +26,14 @@ Cases (Qwen2.5-VL token ids; each image / video run wrapped in <|vision_start|> 
 
 Each side runs in its own process; HF twice (torch's default threads and one thread, with
 OMP_WAIT_POLICY=ACTIVE), ratios against the faster. Processes alternate for --rounds rounds; times
-are medians of the per-call timings of all rounds. Targets (the lm-rotary issue): every case at
+are medians of the per-call timings of all rounds, each case timed after --warmup seconds of
+untimed calls on both sides (a server's steady state: the first hundreds of calls of a fresh
+process run slower while the interpreter specialises and the caches fill; the very first call is
+recorded apart, as "first"). Targets (the lm-rotary issue): every case at
 least 50x HF, the one-image prompt at most 20 us.
 
-    python benchmarks/bench_positions.py [--quick] [--repeats N] [--rounds N] [--check] [--against REV]
-                                         [--out PATH]
+    python benchmarks/bench_positions.py [--quick] [--repeats N] [--rounds N] [--warmup S] [--check]
+                                         [--against REV] [--out PATH]
 """
 
 from __future__ import annotations
@@ -138,6 +141,16 @@ def _hf(model, ids, types, images, videos, mask, tail, embeds, feats, new):
     return pos[:, :, new:], deltas, masks
 
 
+def _warm(fn, args, seconds: float) -> None:
+    """Untimed calls of fn(*args) for `seconds` (at least 3)."""
+    import time
+
+    end, n = time.perf_counter() + seconds, 0
+    while n < 3 or time.perf_counter() < end:
+        fn(*args)
+        n += 1
+
+
 def ours_worker(p: dict) -> dict:
     import time
 
@@ -166,6 +179,7 @@ def ours_worker(p: dict) -> dict:
             fn = _ours_before
             args = ((rope_index, plan_splice), cfg, c["ids"], c["mask"], c["images"], c["videos"], tail, rows, new)
         first = common.time_calls(fn, 1, *args)[0]  # numba's cache loaded, pages touched
+        _warm(fn, args, p["warmup"])
         out[name] = {"first": first, "times": common.summary(common.time_calls(fn, p["repeats"][name], *args))}
     return out
 
@@ -202,6 +216,7 @@ def hf_worker(p: dict) -> dict:
 
             args = (model, ids, types, images, videos, mask, tail, embeds, (img_feats, vid_feats), new)
             first = common.time_calls(_hf, 1, *args)[0]
+            _warm(_hf, args, p["warmup"])
             out[name] = {"first": first, "times": common.summary(common.time_calls(_hf, p["repeats"][name], *args))}
     return out
 
@@ -249,6 +264,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=200, help="timed calls per case and process (fewer for big cases)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
     ap.add_argument("--quick", action="store_true", help="20 repeats, 1 round")
+    ap.add_argument("--warmup", type=float, default=0.3, help="seconds of untimed calls per case before timing")
     ap.add_argument("--check", action="store_true", help="first check ours == HF on every case")
     ap.add_argument("--against", metavar="REV", help="also time ours at this git revision, alternating (an A/B)")
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/positions[-quick].json)")
@@ -258,7 +274,7 @@ def main() -> None:
     repeats, rounds = (20, 1) if args.quick else (args.repeats, args.rounds)
     # the big cases take HF up to seconds per call
     reps = {n: max(3, repeats // (20 if n in ("10 videos", "batch 64") else 4 if n != "1 image" else 1)) for n in CASES}
-    payload = {"cases": list(CASES), "repeats": reps}
+    payload = {"cases": list(CASES), "repeats": reps, "warmup": args.warmup}
     rev_env = common.rev_env(common.worktree(args.against)) if args.against else None
     ours_runs, rev_runs, hf_runs = [], [], [[], []]
     for _ in range(rounds):
@@ -306,6 +322,7 @@ def main() -> None:
             "bench": "positions",
             "rounds": rounds,
             "repeats": reps,
+            "warmup_s": args.warmup,
             "cases": records,
             "versions": versions,
             "against": common.rev_info(args.against) if args.against else None,

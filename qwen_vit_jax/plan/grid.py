@@ -75,9 +75,10 @@ def checked_grid(grid_thw, merge: int = 1) -> tuple[np.ndarray, list[list[int]]]
         arr = grid_thw if type(grid_thw) is np.ndarray else np.asarray(grid_thw)
     except ValueError as e:  # ragged nested lists
         raise ValueError(f"grid_thw is not a rectangular [k, 3] array: {e}") from None
-    if arr.ndim != 2 or arr.shape[1] != 3:
-        raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {arr.shape}")
-    if arr.shape[0] == 0:
+    shape = arr.shape
+    if len(shape) != 2 or shape[1] != 3:
+        raise ValueError(f"grid_thw must have shape [k, 3] (rows of t, h, w), got shape {shape}")
+    if shape[0] == 0:
         raise ValueError("grid_thw is empty: need at least one (t, h, w) row")
     if arr.dtype is not _INT64 and arr.dtype.kind not in "iu":  # bool is kind "b", floats "f", objects "O"
         raise ValueError(f"grid_thw must hold integers, got dtype {arr.dtype}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from .config import prompt_config
 from .positions import AS_FOUND, NOT_GIVEN, run
-from .splice import SplicePlan, splice_plan
+from .splice import SplicePlan
 
 
 class LMInputs(NamedTuple):
@@ -82,7 +82,7 @@ def lm_inputs(
         want,
         cached,
     )
-    plan = splice_plan(
+    plan = SplicePlan(
         rows,
         visual,
         deep,

@@ -72,13 +72,12 @@ def token_types(ids, knobs, out):
 def _count(tbuf, width, length, start, counts):
     """The image, video and audio tokens of columns start.. into counts (tbuf: the rows of types,
     int8, each padded to `width`), run by run."""
-    words = tbuf.view(np.uint64)
     for b in range(tbuf.shape[0] // width):
-        row, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
+        row = tbuf[b * width : (b + 1) * width]
         j = start
         while j < length:
             t = row[j]
-            e = run_end(row, row_words, j, length, t)
+            e = run_end(row, j, length, t)
             if t != TEXT:
                 counts[t - 1] += e - j
             j = e
@@ -97,15 +96,14 @@ def _splice_rows(tbuf, width, start, rows_of, rows, visual, deep_rows, seen):
     n_image, n_video = max(rows_of[0], 0), max(rows_of[1], 0)
     base = (nb * cols, nb * cols + n_image, nb * cols + n_image + n_video)
     deep_base = (0, n_image, 0)
-    words = tbuf.view(np.uint64)
     with_visual = visual.shape[0] == nb  # a deepstack family's (its model reads them)
     v = 0
     for b in range(nb):
-        row, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
+        row = tbuf[b * width : (b + 1) * width]
         j = start
         while j < length:
             t = row[j]
-            e = run_end(row, row_words, j, length, t)
+            e = run_end(row, j, length, t)
             c, r = j - start, e - j
             # views indexed from 0: no negative-index check in the loops, so they vectorise
             rrow = rows[b, c : c + r]
@@ -202,8 +200,8 @@ def lm_rows(
 ):
     """Positions (pass 1) and the splice's rows (pass 2) of a batch, in one dispatch.
 
-    ids int64 [B, L]; types int32 [B, L] (or [0, 0]: from ids, `row_types`); mask uint8 or int64
-    [B, L] (or [0, 0]: no padding); images / videos int64 [k, 3] (checked as plan.as_grid checks);
+    ids int64 [B, L]; types int32 [B, L] (or [0, 0]: from ids, `row_types`); mask int64 [B, L]
+    (or [0, 0]: no padding); images / videos int64 [k, 3] (checked as plan.as_grid checks);
     times float32 [2 + videos]: image_b, video_b, then each video's a (HF's time scaling
     f32(f32(k) * a) * b; images: a = 1); audio_len int64 [audios] (tokens per audio); knobs:
     PromptConfig.knobs; aiv: the family's audio-in-video layout or 0; text_only: 1 for the Omni
@@ -224,12 +222,12 @@ def lm_rows(
     have_mask = mask.shape[0] == nb
     width = (length + 8) // 8 * 8  # each row's types padded (with -1) to whole 8-byte words
     tbuf = np.empty(nb * width, np.int8)
-    words = tbuf.view(np.uint64)
     idx = np.empty(length, np.int64)
     pad = as_pos(1 if text_only else knobs[K_PAD], pos)
     for b in range(nb):
-        trow, row_words = tbuf[b * width : (b + 1) * width], words[b * width // 8 : (b + 1) * width // 8]
-        trow[length:] = -1
+        trow = tbuf[b * width : (b + 1) * width]
+        for j in range(length, width):
+            trow[j] = -1
         if have_types:
             for j in range(length):
                 t = types[b, j]
@@ -252,7 +250,7 @@ def lm_rows(
             fail(err, E_EMPTY_ROW, b, 0, 0, 0, 0)
             return result(err, 0, counts)
         if not positions_row(
-            ids, trow, row_words, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err
+            ids, trow, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err
         ):
             return result(err, 0, counts)
     if want_pos and not text_only:
@@ -287,5 +285,5 @@ def lm_rows(
             if rows_of[k] >= 0 and seen[k] != rows_of[k]:
                 fail(err, E_COUNT, -1, k + 1, 0, seen[k], rows_of[k])
                 break
-        counts[:] = seen
+        counts[0], counts[1], counts[2] = seen[0], seen[1], seen[2]
     return result(err, v, counts)

@@ -30,7 +30,7 @@ _GRID_ARG = {1: "image_grid_thw", 2: "video_grid_thw", 3: "audio_seqlens"}
 # Stand-ins for what was not given or is not wanted (the kernel tells them by their shape).
 _EMPTY_GRID = np.zeros((0, 3), np.int64)
 _NO_TYPES = np.zeros((0, 0), np.int32)
-_NO_MASK = np.zeros((0, 0), np.uint8)
+_NO_MASK = np.zeros((0, 0), np.int64)
 _NO_AUDIO = np.zeros(0, np.int64)
 _NO_TIMES = np.ones(2, np.float32)  # image_b = video_b = 1, no video
 _NO_POS = np.zeros((0, 0, 0), np.int64)
@@ -38,7 +38,7 @@ _NO_DELTAS = np.zeros((0, 1), np.int64)
 _NO_ROWS = np.zeros((0, 0), np.int32)
 _NO_VISUAL = np.zeros((0, 0), np.bool_)
 _NO_DEEP = np.zeros(0, np.int32)
-_I64, _F32, _I32, _U8, _BOOL = (np.dtype(t) for t in (np.int64, np.float32, np.int32, np.uint8, np.bool_))
+_I64, _F32, _I32, _BOOL = (np.dtype(t) for t in (np.int64, np.float32, np.int32, np.bool_))
 NOT_GIVEN, AS_FOUND = R.NOT_GIVEN, R.AS_FOUND
 
 
@@ -150,55 +150,50 @@ def run(
     start: int = 0,
 ):
     """The one kernel call behind `rope_index`, `plan_splice` and `lm_inputs` (arguments as
-    `rope_index`'s, in its order: the callers pass them positionally, a microsecond less a call).
+    `rope_index`'s, in its order: the callers pass them positionally).
 
     positions: compute positions and deltas (then the grids are read and checked). splice: the
     image / video / audio embedding rows (each NOT_GIVEN, AS_FOUND or a count to check) to compute
     the splice's rows of columns `start`.. for; None: no splice.
     Returns (pos, deltas, rows, visual_pos_masks, deepstack_rows, (image, video, audio tokens of the
-    splice's columns)); what was not asked for is an empty stand-in.
+    splice's columns)); what was not asked for is an empty stand-in (None for the visual positions
+    and deepstack rows of a family without deepstack).
+
+    Written for a request's fixed cost (benchmarks/bench_positions.py, the one-image prompt: about
+    20 µs in all): the usual arrays pass their checks in one condition each, and what only some
+    requests bring (token types, videos, audio, the Omni thinkers' rules) is read in one helper.
     """
-    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
-    if ids.ndim != 2 or (ids.dtype is not _I64 and ids.dtype.kind not in "iu"):
-        raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    if ids.dtype is not _I64 or not ids.flags.c_contiguous:
-        ids = np.ascontiguousarray(ids, np.int64)
+    ids = input_ids
+    if type(ids) is not np.ndarray or ids.dtype is not _I64 or ids.ndim != 2 or not ids.flags.c_contiguous:
+        ids = _ids(input_ids)
     nb, length = ids.shape
-    rules = cfg.rules
     types = _NO_TYPES if mm_token_type_ids is None else _types(mm_token_type_ids, ids.shape)
-    mask = _NO_MASK if attention_mask is None or not positions else _mask(attention_mask, ids.shape)
-    images, videos, alen, times = _EMPTY_GRID, _EMPTY_GRID, _NO_AUDIO, _NO_TIMES
-    text_only = aiv = 0
-    pos, deltas = _NO_POS, _NO_DELTAS
+    mask = attention_mask
+    if mask is None or not positions:
+        mask = _NO_MASK
+    elif (
+        type(mask) is not np.ndarray or mask.dtype is not _I64 or mask.shape != ids.shape or not mask.flags.c_contiguous
+    ):
+        mask = _mask(attention_mask, ids.shape)
+    pos, deltas, images, extra = _NO_POS, _NO_DELTAS, _EMPTY_GRID, _PLAIN
     if positions:
-        if rules.text_fallback and image_grid_thw is None and video_grid_thw is None:
-            text_only = 1
-        merge = cfg.spatial_merge_size
-        if image_grid_thw is not None:  # (the checks for what is not given: skipped, a call less each)
-            images = grid(image_grid_thw, merge, "image_grid_thw")
-        if video_grid_thw is not None:
-            videos = grid(video_grid_thw, merge, "video_grid_thw")
-        if video_grid_thw is not None or second_per_grid_ts is not None or rules.time == TIME_OMNI:
-            times = _times(cfg, second_per_grid_ts, videos.shape[0])
-        alen = _NO_AUDIO if audio_seqlens is None else _audio_lengths(cfg, audio_seqlens)
-        if use_audio_in_video and rules.audio_in_video == AIV_NONE:
+        if image_grid_thw is not None:
+            images = grid(image_grid_thw, cfg.spatial_merge_size, "image_grid_thw")
+        if video_grid_thw is not None or second_per_grid_ts is not None or audio_seqlens is not None or cfg.rules.omni:
+            extra = _extra(cfg, image_grid_thw, video_grid_thw, second_per_grid_ts, audio_seqlens, use_audio_in_video)
+        elif use_audio_in_video:
             raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
-        aiv = rules.audio_in_video if use_audio_in_video else 0
-        dtype = _F32 if rules.float_positions else _I64
-        pos = np.empty((3, nb, length), dtype)
-        deltas = np.empty((nb, 1), dtype)
-    if splice is None:
-        rows, visual, deep, want = _NO_ROWS, _NO_VISUAL, _NO_DEEP, (NOT_GIVEN, NOT_GIVEN, NOT_GIVEN)
-    else:
+        dtype = _F32 if cfg.rules.float_positions else _I64
+        pos, deltas = np.empty((3, nb, length), dtype), np.empty((nb, 1), dtype)
+    videos, times, alen, aiv, text_only = extra
+    rows, visual, deep, want = _NO_ROWS, _NO_VISUAL, _NO_DEEP, _NOT_SPLICED
+    if splice is not None:
         if not 0 <= start <= length:
             raise ValueError(f"cached must be between 0 and the prompt's {length} columns, got {start}")
-        width = length - start
+        want, width = splice, length - start
         rows = np.empty((nb, width), _I32)
         if cfg.deepstack:  # the visual positions and deepstack rows: only a deepstack family's model reads them
             visual, deep = np.empty((nb, width), _BOOL), np.empty(nb * width, _I32)
-        else:
-            visual, deep = _NO_VISUAL, _NO_DEEP
-        want = splice
     r = K.lm_rows(
         ids, types, mask, images, videos, times, alen, cfg.knobs, aiv, text_only, start, want[0], want[1], want[2],
         pos, deltas, rows, visual, deep,
@@ -208,6 +203,30 @@ def run(
     if visual is _NO_VISUAL:
         return pos, deltas, rows, None, None, r[8:]
     return pos, deltas, rows, visual, deep[: r[7]], r[8:]
+
+
+_PLAIN = (_EMPTY_GRID, _NO_TIMES, _NO_AUDIO, 0, 0)  # no video, no audio, no Omni rule at play
+_NOT_SPLICED = (NOT_GIVEN, NOT_GIVEN, NOT_GIVEN)
+
+
+def _extra(cfg: PromptConfig, image_grid_thw, video_grid_thw, second_per_grid_ts, audio_seqlens, use_audio_in_video):
+    """What only some requests bring, as the kernel takes it: (videos, times, audio lengths, the
+    audio-in-video layout or 0, the Omni thinkers' text-only branch)."""
+    rules = cfg.rules
+    videos = _EMPTY_GRID if video_grid_thw is None else grid(video_grid_thw, cfg.spatial_merge_size, "video_grid_thw")
+    times = _times(cfg, second_per_grid_ts, videos.shape[0])
+    alen = _NO_AUDIO if audio_seqlens is None else _audio_lengths(cfg, audio_seqlens)
+    if use_audio_in_video and rules.audio_in_video == AIV_NONE:
+        raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
+    text_only = int(rules.text_fallback and image_grid_thw is None and video_grid_thw is None)
+    return videos, times, alen, rules.audio_in_video if use_audio_in_video else 0, text_only
+
+
+def _ids(input_ids) -> np.ndarray:
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2 or ids.dtype.kind not in "iu":
+        raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
+    return np.ascontiguousarray(ids, np.int64)
 
 
 def _types(mm_token_type_ids, shape) -> np.ndarray:
@@ -220,17 +239,14 @@ def _types(mm_token_type_ids, shape) -> np.ndarray:
 
 
 def _mask(attention_mask, shape) -> np.ndarray:
-    """A 0 / 1 mask as the kernel takes it (uint8 or int64, C order; the kernel checks the values)."""
+    """A 0 / 1 mask as the kernel takes it: int64, C order (one dtype: one compiled kernel; the
+    processors' own dtype, so theirs pass as they are). The kernel checks the values."""
     mask = attention_mask if type(attention_mask) is np.ndarray else np.asarray(attention_mask)
     if mask.shape != shape:
         raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {shape}: they must be equal")
-    if mask.dtype is _I64 or mask.dtype is _U8:  # numpy's builtin dtypes are singletons
-        return mask if mask.flags.c_contiguous else np.ascontiguousarray(mask)
-    if mask.dtype == np.bool_:
-        return np.ascontiguousarray(mask).view(np.uint8)
-    if mask.dtype.kind not in "iu":
+    if mask.dtype.kind not in "biu":
         raise ValueError(f"attention_mask must hold 0 / 1 (integers or bools), got {mask.dtype}")
-    return np.ascontiguousarray(mask, np.int64)  # other integer widths: values checked as int64
+    return np.ascontiguousarray(mask, np.int64)
 
 
 def grid(g, merge: int, name: str) -> np.ndarray:
@@ -241,6 +257,12 @@ def grid(g, merge: int, name: str) -> np.ndarray:
     if type(g) is np.ndarray:
         if g.ndim == 2 and g.shape[0] == 0:
             return _EMPTY_GRID
+        if g.dtype is _I64 and g.flags.c_contiguous:  # already what the kernel reads: only checked
+            try:
+                checked_grid(g, merge)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+            return g
     elif isinstance(g, Grid):
         return as_grid(g, merge=merge).array
     elif isinstance(g, (list, tuple)) and not g:

@@ -99,31 +99,34 @@ def put(pos, b, j, p0, p1, p2):
 
 
 @numba.njit(cache=True)
-def _block(pos, b, idx, k, gt, gh, gw, a, bb, st):
-    """One vision item's [gt, gh, gw] positions at compressed columns k.. from start `st`; returns
-    the block's largest position."""
-    top = as_pos(-1, pos)
+def _block(rp0, rp1, rp2, idx, k, gt, gh, gw, a, bb, st):
+    """One vision item's [gt, gh, gw] positions (into the row's t, h, w views rp0, rp1, rp2) at
+    compressed columns k.. from start `st`; returns the block's largest position."""
+    top = as_pos(-1, rp0)
     n = gt * gh * gw
-    contiguous = idx[k + n - 1] - idx[k] == n - 1  # no masked hole inside: direct, vectorisable stores
+    contiguous = idx[k + n - 1] - idx[k] == n - 1  # no masked hole inside
     c = k
-    j = idx[k]
+    j = np.uint64(idx[k])  # unsigned: numba checks no negative index, so the stores vectorise
     for ti in range(gt):
-        tp = as_pos(st + time_pos(_time(ti, a, bb), pos), pos)
+        tp = as_pos(st + time_pos(_time(ti, a, bb), rp0), rp0)
         for hi in range(gh):
-            hp = as_pos(st + hi, pos)
-            if contiguous:  # views indexed from 0: no negative-index check in the loop, so it vectorises
-                p0, p1, p2 = pos[0, b, j : j + gw], pos[1, b, j : j + gw], pos[2, b, j : j + gw]
+            hp = as_pos(st + hi, rp0)
+            if contiguous:
                 for wi in range(gw):
-                    p0[wi] = tp
-                    p1[wi] = hp
-                    p2[wi] = as_pos(st + wi, pos)
-                j += gw
+                    q = j + np.uint64(wi)
+                    rp0[q] = tp
+                    rp1[q] = hp
+                    rp2[q] = as_pos(st + wi, rp0)
+                j += np.uint64(gw)
             else:
                 for wi in range(gw):
-                    put(pos, b, idx[c + wi], tp, hp, as_pos(st + wi, pos))
+                    q = idx[c + wi]
+                    rp0[q] = tp
+                    rp1[q] = hp
+                    rp2[q] = as_pos(st + wi, rp0)
             c += gw
         top = max(top, tp)
-    return max(top, as_pos(st + (max(gh, gw) - 1), pos))
+    return max(top, as_pos(st + (max(gh, gw) - 1), rp0))
 
 
 @numba.njit(cache=True)
@@ -266,16 +269,18 @@ def text_only_row(mask, have_mask, b, length, pos, deltas):
 
 
 @numba.njit(cache=True)
-def run_end(trow, words, j, end, t):
-    """The end of the run of token type t at trow[j] (int8, a row padded to a multiple of 8 and
-    `words` its uint64 view), at most `end`: eight tokens a compare where it can."""
-    pattern = np.uint64(t & 0xFF) * np.uint64(0x0101010101010101)
+def run_end(trow, j, end, t):
+    """The end of the run of token type t at trow[j] (int8, a row padded past its end), at most
+    `end`: eight tokens a step where it can (one 8-byte compare once compiled; unsigned indices:
+    numba checks no negative index)."""
     e = j + 1
-    while e < end and e & 7:
-        if trow[e] != t:
-            return e
-        e += 1
-    while e + 8 <= end and words[e >> 3] == pattern:
+    while e + 8 <= end:
+        u = np.uint64(e)
+        same = trow[u] == t
+        for i in range(1, 8):
+            same &= trow[u + np.uint64(i)] == t
+        if not same:
+            break
         e += 8
     while e < end and trow[e] == t:
         e += 1
@@ -283,7 +288,7 @@ def run_end(trow, words, j, end, t):
 
 
 @numba.njit(cache=True)
-def _run_length(trow, words, idx, k, n, t, flat, lo, expect):
+def _run_length(trow, idx, k, n, t, flat, lo, expect):
     """The length of the run of token type t from compressed column k. A run of its item's length
     `expect` is checked without a branch per token (vectorised); otherwise it is scanned."""
     if 0 < expect and k + expect <= n:
@@ -300,7 +305,7 @@ def _run_length(trow, words, idx, k, n, t, flat, lo, expect):
         if not bad and after:
             return expect
     if flat:
-        return run_end(trow, words, lo + k, lo + n, t) - lo - k
+        return run_end(trow, lo + k, lo + n, t) - lo - k
     r = 1
     while k + r < n and trow[idx[k + r]] == t:
         r += 1
@@ -308,26 +313,29 @@ def _run_length(trow, words, idx, k, n, t, flat, lo, expect):
 
 
 @numba.njit(cache=True)
-def _piece(pos, b, idx, k, lo, hi, base, contiguous):
-    """HF's piece of text tokens: columns idx[k + lo : k + hi] at base + 0, 1, ... Returns the last
-    position written (base - 1 when empty)."""
-    if contiguous:  # no masked hole: views indexed from 0, so the stores vectorise
-        j = idx[k] + lo
-        p0, p1, p2 = pos[0, b, j : j + hi - lo], pos[1, b, j : j + hi - lo], pos[2, b, j : j + hi - lo]
+def _piece(rp0, rp1, rp2, idx, lo, hi, base, contiguous):
+    """HF's piece of text tokens: columns idx[lo:hi] of the row's t, h, w views at base + 0, 1, ...
+    Returns the last position written (base - 1 when empty)."""
+    if contiguous:
+        j = np.uint64(idx[lo])  # unsigned: no negative-index check, so the stores vectorise
         for c in range(hi - lo):
-            p = as_pos(base + c, pos)
-            p0[c] = p
-            p1[c] = p
-            p2[c] = p
+            p = as_pos(base + c, rp0)
+            q = j + np.uint64(c)
+            rp0[q] = p
+            rp1[q] = p
+            rp2[q] = p
     else:
         for c in range(hi - lo):
-            p = as_pos(base + c, pos)
-            put(pos, b, idx[k + lo + c], p, p, p)
-    return as_pos(base + (hi - lo - 1), pos)
+            p = as_pos(base + c, rp0)
+            q = idx[lo + c]
+            rp0[q] = p
+            rp1[q] = p
+            rp2[q] = p
+    return as_pos(base + (hi - lo - 1), rp0)
 
 
 @numba.njit(cache=True)
-def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err):
+def positions_row(ids, trow, b, idx, n, images, videos, times, audio_len, knobs, aiv, pos, deltas, state, err):
     """Row b's positions over its n unmasked columns idx[:n]. times: float32 [image_b, video_b,
     video_a...]. state: the items consumed so far (image, video, frame into the current video,
     audio), updated. Returns False on an error (written to err).
@@ -341,11 +349,12 @@ def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len,
     advance_max = knobs[K_ADVANCE] == 1
     image_b, video_b = times[0], times[1]
     ii, vi, fi, ai = state[0], state[1], state[2], state[3]
+    rp0, rp1, rp2 = pos[0, b], pos[1, b], pos[2, b]  # the row's t, h, w positions (a view costs two atomics)
     cur = as_pos(0, pos)
     top = as_pos(-1, pos)
     hold = False  # Qwen2.5-Omni: the next text token repeats the current position
     eos = 0  # the end tokens HF gives the item before (<vision_end>, or <audio_end><vision_end>)
-    k = 0
+    k = np.int64(0)  # not a literal: numba would first compile the helpers it is passed to for k = 0 alone
     lo = idx[0]
     flat = idx[n - 1] - lo == n - 1  # the row's unmasked tokens are one span: read trow itself
     while k < n:
@@ -357,7 +366,7 @@ def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len,
             expect = (1 if split else videos[vi, 0]) * (videos[vi, 1] // merge) * (videos[vi, 2] // merge)
         elif t == AUDIO and ai < audio_len.shape[0]:
             expect = audio_len[ai]
-        r = _run_length(trow, words, idx, k, n, t, flat, lo, expect)
+        r = _run_length(trow, idx, k, n, t, flat, lo, expect)
         if t == TEXT:
             if hold:  # <audio_end> and <vision_end> share one position (checked: two text tokens)
                 put(pos, b, idx[k], cur, cur, cur)
@@ -370,14 +379,14 @@ def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len,
             contiguous = idx[k + r - 1] - idx[k] == r - 1
             base = cur
             if e:  # the end tokens, then HF restarts from the largest position + 1
-                last = _piece(pos, b, idx, k, 0, e, base, contiguous)
+                last = _piece(rp0, rp1, rp2, idx, k, k + e, base, contiguous)
                 top = max(top, last)
                 base = as_pos(last + 1, pos)
             if r - bos > e:  # the text
-                top = max(top, _piece(pos, b, idx, k, e, r - bos, base, contiguous))
+                top = max(top, _piece(rp0, rp1, rp2, idx, k + e, k + r - bos, base, contiguous))
                 base = as_pos(base + (r - bos - e), pos)
             if bos:  # the next item's start tokens; the item starts after them
-                top = max(top, _piece(pos, b, idx, k, r - bos, r, base, contiguous))
+                top = max(top, _piece(rp0, rp1, rp2, idx, k + r - bos, k + r, base, contiguous))
                 base = as_pos(base + bos, pos)
             cur = base
             eos = 0
@@ -393,7 +402,7 @@ def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len,
             if r != audio_len[ai]:
                 fail(err, E_RUN_LENGTH, b, AUDIO, ai, r, audio_len[ai])
                 return False
-            last = _piece(pos, b, idx, k, 0, r, cur, idx[k + r - 1] - idx[k] == r - 1)
+            last = _piece(rp0, rp1, rp2, idx, k, k + r, cur, idx[k + r - 1] - idx[k] == r - 1)
             top = max(top, last)
             cur = as_pos(last + 1, pos)
             ai += 1
@@ -456,7 +465,7 @@ def positions_row(ids, trow, words, b, idx, n, images, videos, times, audio_len,
             if t == VIDEO and split:
                 err[6] = fi
             return False
-        blk = _block(pos, b, idx, k, gt, gh, gw, a, bb, cur)
+        blk = _block(rp0, rp1, rp2, idx, k, gt, gh, gw, a, bb, cur)
         top = max(top, blk)
         cur = as_pos(blk + 1, pos) if advance_max else as_pos(cur + max(gh, gw), pos)
         if t == IMAGE:

@@ -36,7 +36,7 @@ from .config import prompt_config
 from .positions import NOT_GIVEN, run
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True, eq=False)  # not frozen: its __init__ would cost lm_inputs 1.5 µs of ~20
 class SplicePlan:
     """Where every prompt position takes its embedding from (built on the host by `plan_splice`).
 
@@ -48,11 +48,12 @@ class SplicePlan:
         deepstack] each visual position takes, in row-major order (HF's joint deepstack tensor).
     image_rows, video_rows, audio_rows: the feature rows the plan expects (None: none given, the
         placeholder tokens keep their text embeddings, as in HF). Static: part of the tree's structure.
+    A value: build a new plan rather than change one.
     """
 
     rows: np.ndarray
-    visual_pos_masks: np.ndarray
-    deepstack_rows: np.ndarray
+    visual_pos_masks: np.ndarray | None
+    deepstack_rows: np.ndarray | None
     image_rows: int | None = None
     video_rows: int | None = None
     audio_rows: int | None = None
@@ -63,25 +64,6 @@ jax.tree_util.register_dataclass(
     data_fields=["rows", "visual_pos_masks", "deepstack_rows"],
     meta_fields=["image_rows", "video_rows", "audio_rows"],
 )
-
-
-def splice_plan(rows, visual_pos_masks, deepstack_rows, image_rows, video_rows, audio_rows) -> SplicePlan:
-    """A SplicePlan of these fields, as `SplicePlan(...)` makes it, without a frozen dataclass's
-    __init__ (3 µs, one seventh of `lm_inputs`' one-image request: benchmarks/bench_positions.py)."""
-    plan = object.__new__(SplicePlan)
-    object.__setattr__(
-        plan,
-        "__dict__",
-        {
-            "rows": rows,
-            "visual_pos_masks": visual_pos_masks,
-            "deepstack_rows": deepstack_rows,
-            "image_rows": image_rows,
-            "video_rows": video_rows,
-            "audio_rows": audio_rows,
-        },
-    )
-    return plan
 
 
 def plan_splice(
@@ -114,7 +96,7 @@ def plan_splice(
     _, _, rows, visual, deepstack_rows, _ = run(
         prompt_config(source), input_ids, mm_token_type_ids=mm_token_type_ids, positions=False, splice=tuple(want)
     )
-    return splice_plan(rows, visual, deepstack_rows, *(None if n is None else int(n) for n in want_rows))
+    return SplicePlan(rows, visual, deepstack_rows, *(None if n is None else int(n) for n in want_rows))
 
 
 def _check_features(plan: SplicePlan, name: str, x, width: int):
