@@ -82,11 +82,6 @@ class RopeRules:
     rotate: str = HALVES
     partial_rotary: bool = False
 
-    @property
-    def omni(self) -> bool:
-        """An Omni thinker's rules (time in positions a second, the text-only branch)."""
-        return self.time == TIME_OMNI
-
 
 _QWEN2 = RopeRules()
 _QWEN3 = RopeRules(split_frames=True, mrope=INTERLEAVE, mrope_section=(24, 20, 20))

@@ -177,13 +177,18 @@ def run(
         mask = _mask(attention_mask, ids.shape)
     pos, deltas, images, extra = _NO_POS, _NO_DELTAS, _EMPTY_GRID, _PLAIN
     if positions:
+        rules = cfg.rules
         if image_grid_thw is not None:
             images = grid(image_grid_thw, cfg.spatial_merge_size, "image_grid_thw")
-        if video_grid_thw is not None or second_per_grid_ts is not None or audio_seqlens is not None or cfg.rules.omni:
+        if (
+            video_grid_thw is not None
+            or second_per_grid_ts is not None
+            or audio_seqlens is not None
+            or use_audio_in_video
+            or rules.time == TIME_OMNI
+        ):
             extra = _extra(cfg, image_grid_thw, video_grid_thw, second_per_grid_ts, audio_seqlens, use_audio_in_video)
-        elif use_audio_in_video:
-            raise ValueError(f"use_audio_in_video: {cfg.family} has no audio")
-        dtype = _F32 if cfg.rules.float_positions else _I64
+        dtype = _F32 if rules.float_positions else _I64
         pos, deltas = np.empty((3, nb, length), dtype), np.empty((nb, 1), dtype)
     videos, times, alen, aiv, text_only = extra
     rows, visual, deep, want = _NO_ROWS, _NO_VISUAL, _NO_DEEP, _NOT_SPLICED
@@ -252,26 +257,25 @@ def _mask(attention_mask, shape) -> np.ndarray:
 def grid(g, merge: int, name: str) -> np.ndarray:
     """A grid argument as int64 [k, 3] (None or no rows: none), checked as plan.as_grid checks
     (a `plan.Grid` already is), ValueError naming the argument."""
+    if type(g) is np.ndarray and g.dtype is _I64 and g.flags.c_contiguous:  # the kernel's own layout: checked only
+        try:
+            checked_grid(g, merge)
+            return g
+        except ValueError as e:
+            if g.ndim == 2 and g.size == 0:
+                return _EMPTY_GRID
+            raise ValueError(f"{name}: {e}") from None
     if g is None:
         return _EMPTY_GRID
-    if type(g) is np.ndarray:
-        if g.ndim == 2 and g.shape[0] == 0:
-            return _EMPTY_GRID
-        if g.dtype is _I64 and g.flags.c_contiguous:  # already what the kernel reads: only checked
-            try:
-                checked_grid(g, merge)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
-            return g
-    elif isinstance(g, Grid):
+    if isinstance(g, Grid):
         return as_grid(g, merge=merge).array
-    elif isinstance(g, (list, tuple)) and not g:
+    if isinstance(g, (list, tuple, np.ndarray)) and len(g) == 0:
         return _EMPTY_GRID
     try:
         arr, _ = checked_grid(g, merge)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
-    return arr if arr.dtype is _I64 and arr.flags.c_contiguous else np.ascontiguousarray(arr, np.int64)
+    return np.ascontiguousarray(arr, np.int64)
 
 
 def _times(cfg: PromptConfig, second_per_grid_ts, nv: int) -> np.ndarray:
