@@ -631,6 +631,15 @@ def test_lm_inputs_equals_rope_index_and_plan_splice(family, family_setup):
                 np.testing.assert_array_equal(plan.deepstack_rows, want.deepstack_rows)
             else:
                 assert plan.visual_pos_masks is None and plan.deepstack_rows is None
+        # int32 arrays take the general way in; the processors' int64 ones (above) the short one
+        slow = lm_inputs(cfg, batch["ids"].astype(np.int32), **dict(kw, attention_mask=batch["mask"].astype(np.int32)))
+        fast = lm_inputs(cfg, batch["ids"], **kw)
+        for a, b in zip(
+            (slow.position_ids, slow.rope_deltas, slow.splice.rows),
+            (fast.position_ids, fast.rope_deltas, fast.splice.rows),
+        ):
+            np.testing.assert_array_equal(a, b)
+        assert (slow.splice.image_rows, slow.splice.video_rows) == (fast.splice.image_rows, fast.splice.video_rows)
 
 
 def test_lm_inputs_errors(family_setup):

@@ -166,15 +166,14 @@ def run(
     ids = input_ids
     if type(ids) is not np.ndarray or ids.dtype is not _I64 or ids.ndim != 2 or not ids.flags.c_contiguous:
         ids = _ids(input_ids)
-    nb, length = ids.shape
-    types = _NO_TYPES if mm_token_type_ids is None else _types(mm_token_type_ids, ids.shape)
+    shape = ids.shape
+    nb, length = shape
+    types = _NO_TYPES if mm_token_type_ids is None else _types(mm_token_type_ids, shape)
     mask = attention_mask
     if mask is None or not positions:
         mask = _NO_MASK
-    elif (
-        type(mask) is not np.ndarray or mask.dtype is not _I64 or mask.shape != ids.shape or not mask.flags.c_contiguous
-    ):
-        mask = _mask(attention_mask, ids.shape)
+    elif type(mask) is not np.ndarray or mask.dtype is not _I64 or mask.shape != shape or not mask.flags.c_contiguous:
+        mask = _mask(attention_mask, shape)
     pos, deltas, images, extra = _NO_POS, _NO_DELTAS, _EMPTY_GRID, _PLAIN
     if positions:
         rules = cfg.rules
@@ -208,6 +207,36 @@ def run(
     if visual is _NO_VISUAL:
         return pos, deltas, rows, None, None, r[8:]
     return pos, deltas, rows, visual, deep[: r[7]], r[8:]
+
+
+def run_images(cfg: PromptConfig, ids, images, mask):
+    """`run` of a prompt with images only (positions and the splice of the image rows, no deepstack)
+    whose ids, mask and grid are already the kernel's C-ordered int64, as the processors return
+    them: the same checks and kernel call without the conversions, for `lm_inputs`' common request
+    (benchmarks/bench_positions.py, the one-image prompt: 2 of its 18 µs). Returns (pos, deltas,
+    rows, image tokens), or None when an array needs converting (then `run` it)."""
+    if (
+        ids.dtype is not _I64
+        or ids.ndim != 2
+        or not ids.flags.c_contiguous
+        or mask.dtype is not _I64
+        or mask.shape != ids.shape
+        or not mask.flags.c_contiguous
+        or images.dtype is not _I64
+        or not images.flags.c_contiguous
+    ):
+        return None
+    images = grid(images, cfg.spatial_merge_size, "image_grid_thw")
+    nb, length = ids.shape
+    dtype = _F32 if cfg.rules.float_positions else _I64
+    pos, deltas, rows = np.empty((3, nb, length), dtype), np.empty((nb, 1), dtype), np.empty((nb, length), _I32)
+    r = K.lm_rows(
+        ids, _NO_TYPES, mask, images, _EMPTY_GRID, _NO_TIMES, _NO_AUDIO, cfg.knobs, 0, 0, 0, AS_FOUND, NOT_GIVEN,
+        NOT_GIVEN, pos, deltas, rows, _NO_VISUAL, _NO_DEEP,
+    )  # fmt: skip
+    if r[0]:
+        raise ValueError(_message(r[:7], cfg))
+    return pos, deltas, rows, r[8]
 
 
 _PLAIN = (_EMPTY_GRID, _NO_TIMES, _NO_AUDIO, 0, 0)  # no video, no audio, no Omni rule at play
