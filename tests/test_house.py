@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "qwen_vit_jax"
 # Lowest first: a module may import its own subpackage's modules and any lower layer, nothing else.
 LAYERS = {
     "files": 0,
+    "processes": 0,
     "families": 1,
     "config": 2,
     "presets": 3,

@@ -219,6 +219,7 @@ def test_every_encode_flag_still_parses():
         "overwrite": False,
         "keep_going": True,
         "cache": "c",
+        "save_every": 600.0,
         "recursive": True,
         "image_column": "jpg",
         "key_column": "url",

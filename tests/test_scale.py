@@ -18,7 +18,7 @@ import pytest
 from conftest import make_image
 from test_cli import WITHOUT_TORCH, assert_clean_error, main, run_processes
 
-from qwen_vit_jax.data import encode_files, parquet
+from qwen_vit_jax.data import parquet
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.data.sources import expand
@@ -246,10 +246,9 @@ def test_resume_after_interrupt_and_crash_equals_clean(capsys, tiny_dirs, tiny_e
     rc, _, err = encode(capsys, ckpt, *args)
     assert_clean_error(rc, err, "exists: --resume adds the missing inputs")
 
-    monkeypatch.setattr(encode_files, "SAVE_EVERY_S", 0.0)  # a part checkpointed after every input
     monkeypatch.setattr(encode_cmd, "load_encoder", lambda *a: _Failing(tiny_encoder, 2, RuntimeError("crash")))
     with pytest.raises(RuntimeError, match="crash"):  # nothing finishes: OUT stays as it was, parts are left
-        encode(capsys, ckpt, *args, "--resume")
+        encode(capsys, ckpt, *args, "--resume", "--save-every", "0")  # a part checkpointed after every input
     capsys.readouterr()
     assert read_embeddings(out).names == first and parquet.part_files(out)
     rc, _, err = encode(capsys, ckpt, *args)

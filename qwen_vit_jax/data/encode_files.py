@@ -9,7 +9,9 @@ and dtype give the same embedding). With a cache (cache.py) an input some earlie
 back, and every input this run encodes is added to it.
 
 Nothing here is half-written: OUT is only ever replaced whole, with the inputs finished so far,
-whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process.
+whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process. A full disk or a
+crash drops what is being written (the parquet part in progress) and keeps what was saved before
+(OUT, the completed parts): a full disk is an EncodeError saying what it needed and how to go on.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ import numpy as np
 
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, WorkerError, load
-from qwen_vit_jax.data.sinks import open_sink
+from qwen_vit_jax.data.sinks import SAVE_EVERY_S, open_sink
 from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.files import DiskFull, disk_full
 from qwen_vit_jax.plan.contract import Patches
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
-
-SAVE_EVERY_S = 600.0  # what is done is saved at most this often (a crash costs at most this)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +154,7 @@ def encode_files(
     cache=None,
     sink=None,
     progress: Callable[[Update], None] | None = None,
+    save_every: float = SAVE_EVERY_S,
     image_cfg: PreprocessConfig | None = None,
     video_cfg: PreprocessConfig | None = None,
 ) -> Result:
@@ -160,10 +162,12 @@ def encode_files(
     `batch_patches` patches, default enc.max_batch_patches) and write them after what `target` holds
     when resuming.
 
-    Saves every SAVE_EVERY_S, on Ctrl-C / SIGTERM (then KeyboardInterrupt, saying what was written),
-    when a worker process dies and before reporting an unreadable input (without keep_going): an
-    EncodeError then says how to continue. With keep_going unreadable inputs are skipped, each named
-    in a note. When nothing could be encoded, nothing is written unless `save_empty` (a process of a
+    Saves every `save_every` seconds (0: after every input), on Ctrl-C / SIGTERM (then
+    KeyboardInterrupt, saying what was written), when a worker process dies and before reporting an
+    unreadable input (without keep_going): an EncodeError then says how to continue. A full disk is
+    an EncodeError naming OUT, the space needed and free, and what was saved before it. With
+    keep_going unreadable inputs are skipped, each named in a note. When nothing could be encoded,
+    nothing is written unless `save_empty` (a process of a
     sharded run writes its shard all the same: the set must be complete). `sink` (from
     sinks.open_sink) when the caller opened it to list what is done. `preprocessing`: the settings
     (default enc.preprocessing; `image_cfg=` / `video_cfg=` still work, deprecated). `progress`:
@@ -187,6 +191,21 @@ def encode_files(
     def written() -> str:
         return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"
 
+    def full(e: Exception) -> EncodeError:  # after sink.abandon(): nothing half-written is left
+        if isinstance(e, DiskFull):
+            need = sink.to_finish(total)  # more useful than the one write that failed
+            what = str(e if need is None else DiskFull(e.path, need, e.what, "finishing the run"))
+        else:
+            what = f"no space left on device{' for the cache' * bool(cache)} ({e})"
+        return EncodeError(f"{what}; {sink.kept()}; free space, then resuming the same run continues")
+
+    def save() -> None:  # OUT with what is done; a full disk keeps what was saved before
+        try:
+            sink.finish()
+        except DiskFull as e:
+            sink.abandon()
+            raise full(e) from None
+
     t0 = last_save = time.perf_counter()
     total = len(inputs)
     loader = load(inputs, preprocessing=prep, workers=workers, fast_decode=fast_decode)
@@ -208,7 +227,7 @@ def encode_files(
             rows.add(item)
             seen += 1
             tell(Update(seen - len(rows.pending), total - len(failed)))  # a failed input is never shown as done
-            if time.perf_counter() - last_save > SAVE_EVERY_S:  # a crash then costs at most this
+            if time.perf_counter() - last_save >= save_every:  # a crash then costs at most this
                 sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
         rows.flush()
@@ -216,17 +235,23 @@ def encode_files(
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
         if rows.names:
-            sink.finish()
+            save()
             raise KeyboardInterrupt(written()) from None
         sink.abandon()
         raise KeyboardInterrupt("nothing written") from None
     except WorkerError as e:
         loader.close()
         if rows.names:
-            sink.finish()
+            save()
         else:
             sink.abandon()
         raise EncodeError(f"{e}; " + (written() if rows.names else "nothing written")) from None
+    except Exception as e:  # a full disk, or a crash: drop what is half-written, keep what was saved
+        loader.close()
+        sink.abandon()
+        if disk_full(e):
+            raise full(e) from None
+        raise
     finally:
         loader.close()
         tell(Update(seen, total - len(failed), finished=True))
@@ -237,7 +262,7 @@ def encode_files(
     if failed and not keep_going:  # the inputs before it are encoded: keep them
         (path, reason), held = failed[0], ""
         if rows.names:
-            sink.finish()
+            save()
             held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resuming continues"
         else:
             sink.abandon()
@@ -249,5 +274,5 @@ def encode_files(
     if not rows.names and inputs and not save_empty:
         sink.abandon()
         raise EncodeError(f"none of the {len(inputs)} inputs could be read; nothing written")
-    sink.finish()
+    save()
     return result

@@ -12,14 +12,17 @@ pandas or `datasets` alone:
                                   video_preprocess (as the safetensors form's header)
 
 Written as it goes, never held in memory: `PartsWriter` appends rows to a part file in row groups;
-every checkpoint closes the part (complete, renamed into OUT.parquet.parts/) and starts the next, so a
-crash loses at most the rows since the last checkpoint, and `--resume` reads the keys of OUT and of
-its parts. `finish` merges the old OUT, the parts and nothing else, row group by row group, into a
-temporary sibling renamed over OUT (atomic), then removes the parts.
+every checkpoint closes the part (complete, fsynced, renamed into OUT.parquet.parts/) and starts the
+next, so a crash loses at most the rows since the last checkpoint, and `--resume` reads the keys of
+OUT and of its parts. `finish` merges the old OUT, the parts and nothing else, row group by row
+group, into a temporary sibling renamed over OUT (atomic), then removes the parts. A full disk
+(`files.DiskFull`) removes the part being written, or the merge's temporary file, before it is
+raised: the completed parts and OUT stay as they were.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -27,6 +30,8 @@ import shutil
 import tempfile
 
 import numpy as np
+
+from qwen_vit_jax.files import DiskFull, atomic_file, disk_full, interrupts_deferred
 
 META_KEY = b"qwen_vit_jax"
 ROWS_PER_GROUP = 256  # inputs per row group: memory stays at one group's embeddings
@@ -145,7 +150,10 @@ class PartsWriter:
         self._next = len(part_files(out))
         self._writer = self._tmp = None
         self._pending: list[tuple] = []
+        self._tmp_rows = 0  # rows written to the part in progress
         self.rows_in_parts = sum(num_rows(p) for p in part_files(out))
+        self.bytes_in_parts = sum(p.stat().st_size for p in part_files(out))
+        self.row_bytes: float | None = None  # bytes per row of the last part (what a row to come will take)
 
     def add(self, key: str, grid, emb: np.ndarray, stamps: np.ndarray, digest: str | None = None) -> None:
         self._pending.append((key, np.asarray(grid).reshape(3), np.asarray(emb, np.float32), stamps, digest))
@@ -159,44 +167,80 @@ class PartsWriter:
 
         keys, grids, embs, stamps, digests = zip(*self._pending)
         table = rows_table(keys, grids, embs, stamps, self.dim, self.metadata, digests)
-        if self._writer is None:
-            fd, tmp = tempfile.mkstemp(prefix=f"part-{self._next:05d}.", suffix=".parquet.tmp", dir=self.dir)
-            os.close(fd)
-            self._tmp = pathlib.Path(tmp)
-            self._writer = pq.ParquetWriter(self._tmp, table.schema)
-        self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
-        self._pending = []
+        # written and taken off `_pending` together: an interrupt between the two would write them twice
+        with interrupts_deferred(), self._or_disk_full(table.nbytes, len(self._pending)):
+            if self._writer is None:
+                fd, tmp = tempfile.mkstemp(prefix=f"part-{self._next:05d}.", suffix=".parquet.tmp", dir=self.dir)
+                os.close(fd)
+                self._tmp = pathlib.Path(tmp)
+                self._writer = pq.ParquetWriter(self._tmp, table.schema)
+            self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
+            self._tmp_rows += len(self._pending)
+            self._pending = []
 
     def checkpoint(self) -> None:
         """Everything added so far lands in a completed part (a crash after this loses none of it)."""
         self._flush()
         if self._writer is None:
             return
-        self._writer.close()
-        with open(self._tmp, "rb") as f:
-            os.fsync(f.fileno())
-        rows = num_rows(self._tmp)
-        os.replace(self._tmp, self.dir / f"part-{self._next:05d}.parquet")
-        self._next += 1
-        self.rows_in_parts += rows
-        self._writer = self._tmp = None
+        with interrupts_deferred():  # the part renamed and this writer's state moved on together
+            with self._or_disk_full(0, 0):
+                self._writer.close()
+                with open(self._tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            rows, size = num_rows(self._tmp), self._tmp.stat().st_size
+            os.replace(self._tmp, self.dir / f"part-{self._next:05d}.parquet")
+            self._next += 1
+            self.rows_in_parts += rows
+            self.bytes_in_parts += size
+            self.row_bytes = size / max(rows, 1)
+            self._writer = self._tmp = None
+            self._tmp_rows = 0
+
+    @contextlib.contextmanager
+    def _or_disk_full(self, more: int, rows: int):
+        """A full disk in the block drops the part being written (its rows were never checkpointed)
+        and raises DiskFull: those rows and `rows` more needed its bytes so far plus `more`."""
+        try:
+            yield
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            written = self._tmp.stat().st_size if self._tmp is not None and self._tmp.exists() else 0
+            self.row_bytes = self.row_bytes or (written + more) / max(self._tmp_rows + rows, 1)
+            self.abandon()
+            raise DiskFull(self.out, written + more, "writing the rows since the last checkpoint") from None
 
     def finish(self, old: pathlib.Path | None) -> int:
         """Merge `old` (the file being resumed, or None) and every part into `out`, atomically; remove
         the parts. Returns the row count."""
         self.checkpoint()
-        rows = merge([*([old] if old is not None else []), *part_files(self.out)], self.out, self.dim, self.metadata)
+        sources = [*([old] if old is not None else []), *part_files(self.out)]
+        try:
+            rows = merge(sources, self.out, self.dim, self.metadata)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            # the merge writes a copy of every source beside them (then removes the parts)
+            need = sum(f.stat().st_size for f in sources)
+            raise DiskFull(self.out, need, "merging the checkpointed parts into it") from None
         shutil.rmtree(self.dir, ignore_errors=True)
         return rows
 
     def abandon(self) -> None:
         """Drop the part being written (its rows were not checkpointed); the folder goes too when
         no completed part is in it."""
-        if self._writer is not None:
-            self._writer.close()
-            self._tmp.unlink(missing_ok=True)
-        self._writer = self._tmp = None
-        self._pending = []
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except Exception as e:  # noqa: BLE001 (closing writes the footer: a full disk fails it; dropped anyway)
+            if not disk_full(e):
+                raise
+        finally:
+            if self._tmp is not None:
+                self._tmp.unlink(missing_ok=True)
+            self._writer = self._tmp = None
+            self._pending, self._tmp_rows = [], 0
         if not part_files(self.out):
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -205,8 +249,6 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path, dim: int, metadata: di
     """`sources` one after another into `out` (atomically: files.atomic_file), row group by row
     group; the metadata is `metadata`. Returns the rows written."""
     import pyarrow.parquet as pq
-
-    from qwen_vit_jax.files import atomic_file
 
     rows = 0
     target = schema(dim, metadata)

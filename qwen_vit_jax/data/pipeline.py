@@ -21,7 +21,9 @@ benchmarks/RESULTS.md, "The host path and workers".
 Workers and signals: the workers ignore SIGINT and SIGTERM (from their start: see
 `_signals_for_workers`), so a Ctrl-C or a `kill` of the process group reaches the main process
 alone, which saves its output and closes the workers; a worker that dies (killed, out of memory)
-raises `WorkerError` in the main process. Closing the loader (a `with` block) stops the workers.
+raises `WorkerError` in the main process. Closing the loader (a `with` block) stops the workers,
+and a main process that dies however it dies (SIGKILL, out of memory) takes them with it
+(`processes.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from qwen_vit_jax.preprocess.config import (
     preprocessing_from,
 )
 from qwen_vit_jax.preprocess.images import image_patches, pixel_table
+from qwen_vit_jax.processes import die_with_parent
 
 if TYPE_CHECKING:  # a worker process imports this module: no plan, no jax there
     from qwen_vit_jax.plan.contract import Patches
@@ -362,8 +365,10 @@ def _signals_for_workers():
 
 
 def _start_worker(worker: int, workers: int) -> None:
-    """A worker's start: Ctrl-C and SIGTERM are the main process's to handle (it saves, then closes
-    the workers); the allocator set for image work."""
+    """A worker's start: it ends with the main process however that ends (SIGKILL included); Ctrl-C
+    and SIGTERM are the main process's to handle (it saves, then closes the workers); the allocator
+    set for image work."""
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tune_allocator()

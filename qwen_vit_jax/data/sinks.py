@@ -5,20 +5,29 @@ back a row written earlier
 (`fetch`: the content-hash dedupe copies a duplicate's embedding), save what is done
 (`checkpoint`), and end whole (`finish`); `open_sink` checks a file being resumed against this run's
 settings and lists the keys it holds (`done`) and its rows by sha256 (`seen`: a resumed run copies
-those rows as a clean run would have, rather than encoding the same bytes again).
+those rows as a clean run would have, rather than encoding the same bytes again); a file to resume
+that cannot be read is an error naming it and the two ways on (`--overwrite`, or moving it aside).
+
+A full disk raises `files.DiskFull` with nothing half-written left: the safetensors / npz form
+keeps OUT as its last save wrote it; the parquet form drops the part being written and keeps the
+completed parts; `kept` says what is left for --resume.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import numpy as np
 
 from qwen_vit_jax.data import parquet
-from qwen_vit_jax.data.embeddings import Embeddings, check_suffix, read_embeddings, write_embeddings
+from qwen_vit_jax.data.embeddings import Embeddings, EmbeddingsError, check_suffix, read_embeddings, write_embeddings
 from qwen_vit_jax.data.inputs import EncodeError
+from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.files import DiskFull, disk_full
 
 RESUME_KEYS = ("checkpoint", "dtype", "preprocess", "video_preprocess")  # must match to add to a file
+SAVE_EVERY_S = 600.0  # encode's default checkpoint interval (--save-every): a crash costs at most this
 
 Row = tuple  # (grid int64 [3], embedding float32 [tokens, D], timestamps float64 [t])
 
@@ -34,23 +43,32 @@ def check_resumable(where, metadata: dict, meta: dict) -> None:
             )
 
 
+def damaged(path, reason: str, part: bool = False) -> EncodeError:
+    """The error for a file to resume that cannot be read: it names the file and the two ways on."""
+    ways = (
+        "--overwrite starts the run over, or move the part aside (--resume then encodes its inputs again)"
+        if part
+        else "--overwrite replaces it, or move it aside to keep it"
+    )
+    return EncodeError(f"--resume: cannot read {path} ({reason}); {ways}")
+
+
 class MemorySink:
-    """The safetensors / npz form: rows kept, OUT rewritten whole (old rows + this run's) at each
-    checkpoint and at the end; the sha256 list in its metadata."""
+    """The safetensors / npz form: rows kept in memory, OUT rewritten whole (old rows + this run's)
+    at each checkpoint and at the end; the sha256 list in its metadata."""
 
     def __init__(self, target: pathlib.Path, meta: dict, dim: int, old: Embeddings | None):
         self.target, self.meta, self.dim, self.old = target, meta, dim, old
-        self.keys: list[str] = []
-        self.rows: list[Row] = []
-        self.digests: list[str | None] = []
+        # (key, row, sha256): one append per row, so that an interrupt never leaves a key without its row
+        self.rows: list[tuple[str, Row, str | None]] = []
         self.old_digests = [] if old is None else old.metadata.get("sha256") or [None] * len(old)
         self.done = [] if old is None else list(old.names)
         self.seen = {d: ("old", i) for i, d in enumerate(self.old_digests) if d}
+        self.saved = 0  # this run's rows in OUT (its last save)
+        self.row_bytes: float | None = None  # OUT's bytes per row at the last save (tried)
 
     def add(self, key: str, row: Row, digest: str | None) -> int:
-        self.keys.append(key)
-        self.rows.append(row)
-        self.digests.append(digest)
+        self.rows.append((key, row, digest))
         return len(self.rows) - 1
 
     def fetch(self, ref) -> Row:
@@ -58,27 +76,56 @@ class MemorySink:
             i, old = ref[1], self.old
             t = int(np.sum(old.grid_thw[:i, 0]))
             return old.grid_thw[i], old[i], old.timestamps[t : t + int(old.grid_thw[i, 0])]
-        return self.rows[ref]
+        return self.rows[ref][1]
 
     def checkpoint(self) -> None:
-        grids = [r[0] for r in self.rows]
+        if len(self.rows) > self.saved:  # else OUT already holds every row
+            self.finish()
+
+    def finish(self) -> None:
+        """OUT rewritten whole: the old rows and every row of this run."""
+        keys, rows, digests = zip(*self.rows) if self.rows else ((), (), ())
         new = Embeddings(
-            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in self.rows]]),
-            np.asarray(grids, np.int64).reshape(-1, 3),
-            np.concatenate([[0], np.cumsum([len(r[1]) for r in self.rows])]).astype(np.int64),
-            list(self.keys),
-            dict(self.meta, sha256=list(self.digests)),
-            np.concatenate([np.zeros(0), *[r[2] for r in self.rows]]),
+            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in rows]]),
+            np.asarray([r[0] for r in rows], np.int64).reshape(-1, 3),
+            np.concatenate([[0], np.cumsum([len(r[1]) for r in rows])]).astype(np.int64),
+            list(keys),
+            dict(self.meta, sha256=list(digests)),
+            np.concatenate([np.zeros(0), *[r[2] for r in rows]]),
         )
         if self.old is not None:
             self.old.metadata["sha256"] = self.old_digests  # concatenate joins the two lists
-        write_embeddings(self.target, new if self.old is None else Embeddings.concatenate([self.old, new], self.meta))
-
-    def finish(self) -> None:
-        self.checkpoint()
+        whole = new if self.old is None else Embeddings.concatenate([self.old, new], self.meta)
+        self.row_bytes = _file_bytes(whole) / max(len(whole), 1)
+        try:
+            write_embeddings(self.target, whole)  # atomic: a failed write leaves OUT as it was
+        except Exception as e:  # noqa: BLE001 (safetensors raises its own error type for a full disk)
+            if not disk_full(e):
+                raise
+            raise DiskFull(self.target, _file_bytes(whole), "writing it whole") from None
+        self.saved = len(self.rows)
 
     def abandon(self) -> None:
         pass
+
+    def to_finish(self, total: int) -> int | None:
+        """About the bytes a run of `total` inputs needs to end: OUT whole (old rows and all of it)."""
+        if self.row_bytes is None:
+            return None
+        return int(self.row_bytes * (len(self.old or ()) + total))
+
+    def kept(self) -> str:
+        """What a failed save leaves on disk, in words."""
+        old = " and what it held" if self.old is not None else ""
+        if self.saved:
+            return f"{self.target} keeps the {count(self.saved, 'new input')} of its last save{old}"
+        return f"{self.target} is as it was" if self.old is not None else "nothing was written"
+
+
+def _file_bytes(e: Embeddings) -> int:
+    """About the size of `e` as a .safetensors / .npz file: its arrays and its names and metadata."""
+    arrays = (e.embeddings, e.grid_thw, e.offsets, e.timestamps)
+    return sum(np.asarray(a).nbytes for a in arrays) + len(json.dumps([e.names, e.metadata]))
 
 
 class ParquetSink:
@@ -90,8 +137,12 @@ class ParquetSink:
         self.old = target if resume and target.exists() else None
         self.done, self.seen = [], {}
         for f in [*([self.old] if self.old else []), *(parquet.part_files(target) if resume else [])]:
-            check_resumable(f, parquet.read_metadata(f), meta)
-            keys, digests = parquet.read_keys_and_digests(f)
+            try:
+                metadata = parquet.read_metadata(f)
+                keys, digests = parquet.read_keys_and_digests(f)
+            except (ValueError, OSError, KeyError) as e:  # pyarrow's errors are ValueError / OSError
+                raise damaged(f, f"damaged, or not a parquet embeddings file: {e}", part=f != self.old) from None
+            check_resumable(f, metadata, meta)
             self.done += keys
             self.seen.update({d: (f, i) for i, d in enumerate(digests) if d and d not in self.seen})
         if not resume:  # parts of an earlier run belong to it: a fresh run starts from none
@@ -128,6 +179,23 @@ class ParquetSink:
     def abandon(self) -> None:
         self.writer.abandon()
 
+    def to_finish(self, total: int) -> int | None:
+        """About the bytes a run of `total` inputs still needs to end: the parts it has yet to write,
+        then OUT merged from the old OUT and every part (beside the parts, which go after)."""
+        w = self.writer
+        if w.row_bytes is None:
+            return None
+        left = total - (w.rows_in_parts - self.start)  # this run's rows not in a part yet
+        old = self.old.stat().st_size if self.old is not None else 0
+        return int(2 * w.row_bytes * left + old + w.bytes_in_parts)  # the rows left twice: parts, then OUT
+
+    def kept(self) -> str:
+        """What a failed save leaves on disk, in words."""
+        old = f"; {self.target} is as it was" if self.old is not None else ""
+        if self.writer.rows_in_parts:  # this run's and an earlier interrupted run's
+            return f"{self.writer.dir}/ keeps the {count(self.writer.rows_in_parts, 'input')} checkpointed{old}"
+        return f"nothing was checkpointed{old}"
+
 
 def open_sink(target: pathlib.Path, meta: dict, dim: int, resume: bool):
     """The sink writing `target` (by its suffix); with `resume`, the rows it holds (checked to come
@@ -136,6 +204,9 @@ def open_sink(target: pathlib.Path, meta: dict, dim: int, resume: bool):
         return ParquetSink(target, meta, dim, resume)
     old = None
     if resume and target.exists():
-        old = read_embeddings(target)
+        try:
+            old = read_embeddings(target)
+        except EmbeddingsError as e:
+            raise damaged(target, str(e).removeprefix(f"{target}: ")) from None
         check_resumable(target, old.metadata, meta)
     return MemorySink(target, meta, dim, old)

@@ -7,13 +7,17 @@
   batcher.py    dynamic batching: items of concurrent requests -> one encode call per batch.
   metrics.py    Prometheus metrics of one app.
   service.py    admission, lookups, in-flight dedup, cancellation: an item's way through.
+  bounds.py     the per-item bound: the service's Preprocessing, what an item may cost.
   asgi.py       create_app(settings): the FastAPI app (routes, limits, auth, answers).
+  connections.py  uvicorn_config(app, settings): request-head and body deadlines, the connection limit.
   client.py     Client(url, api_key=None).embed(images) -> Embeddings, retrying 429 / 503.
   cli.py        `qwen-vit-jax serve CKPT` flags and run.
   ray_app.py    app(checkpoint, ...): the same app as a Ray Serve application.
 
     import qwen_vit_jax as qvj
-    app = qvj.serve.create_app(qvj.serve.Settings(checkpoint="ckpt"))    # uvicorn.run(app)
+    settings = qvj.serve.Settings(checkpoint="ckpt")
+    app = qvj.serve.create_app(settings)
+    uvicorn.Server(qvj.serve.uvicorn_config(app, settings)).run()     # what `qwen-vit-jax serve` runs
     e = qvj.serve.Client("http://127.0.0.1:8000").embed([jpeg_bytes])  # an Embeddings
 
 Names load on first use: importing this package costs nothing.
@@ -24,6 +28,7 @@ import importlib
 _EXPORTS = {
     "Settings": "settings",
     "create_app": "asgi",
+    "uvicorn_config": "connections",
     "Client": "client",
     "ServeError": "client",
     "app": "ray_app",

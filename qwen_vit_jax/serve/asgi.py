@@ -3,18 +3,23 @@
     POST /v1/embeddings   {"input": [{"image": "<base64 | data: URL>"}, {"video": "<base64>", "fps": 2}],
                            "encoding_format": "float" | "base64", "return_deepstack": false}
                           -> {"object": "list", "data": [{"index", "embedding", "grid_thw", "timestamps",
-                              "sha256", "cached"(, "shape", "deepstack")}], "usage": {"tokens": T}}
+                              "sha256", "cached"(, "shape", "deepstack")}],
+                              "usage": {"prompt_tokens": T, "total_tokens": T}}
                           Accept: application/vnd.safetensors -> the embeddings file read_embeddings reads
     GET /healthz          alive (200 from the start)
     GET /readyz           200 once the model is loaded and the declared sizes compiled, else 503
     GET /metrics          Prometheus text (metrics.py)
+    GET /openapi.json     the route listing (no /docs or /redoc pages)
 
-Bytes only: an item is base64 or a data: URL; nothing named in a request is opened or fetched.
-Limits: a body over max_body_bytes, more than max_items items or an image over max_image_pixels
-(from its header, before any decoding) get 413; a full queue 429 with Retry-After; a request
-unanswered after request_timeout_s 504. With an API key every route but the probes wants
-`Authorization: Bearer KEY` (401 otherwise; compared in constant time). Errors come as
-{"error": {"message", "type", "code"}}, the message naming the item (`input[i]: ...`).
+Bytes only: an item is base64 (line breaks allowed, as MIME writes it) or a data: URL; nothing named
+in a request is opened or fetched. Limits: a body over max_body_bytes, more than max_items items or
+an image over max_image_pixels (from its header, before any decoding) get 413; an item over the
+per-item bound is resized down to it or refused with 413 (bounds.py); a full queue 429 with
+Retry-After; a request unanswered after request_timeout_s 504; every 503 carries Retry-After. With
+an API key every route but the probes (/openapi.json and /metrics too) wants `Authorization: Bearer
+KEY` (401 otherwise; compared in constant time). Errors come as {"error": {"message", "type",
+"code"}}, the message naming the item (`input[i]: ...`) and never a server path or a Python
+object's repr. Connection deadlines and the connection limit: connections.py.
 
 The lifespan loads in a thread, so /healthz answers at once and /readyz tells when to send work;
 on shutdown (uvicorn's own: SIGTERM stops accepting and waits for the requests in flight) it
@@ -33,6 +38,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 
@@ -69,7 +75,8 @@ def create_app(settings: Settings, *, encoder=None) -> FastAPI:
             except RuntimeError:  # the interpreter is exiting (no new threads): close here
                 service.close()
 
-    app = FastAPI(title="qwen_vit_jax encoder", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # /openapi.json is a route of ours below (behind the key); the HTML pages are off
+    app = FastAPI(title="qwen_vit_jax encoder", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service, app.state.metrics, app.state.settings = service, metrics, settings
 
     def unauthorized(request: Request) -> Response | None:
@@ -89,8 +96,14 @@ def create_app(settings: Settings, *, encoder=None) -> FastAPI:
     async def readyz():
         if service.ready:
             return {"ready": True}
-        body = {"ready": False, "error": service.error} if service.error else {"ready": False}
-        return JSONResponse(body, status_code=503)
+        body = {"ready": False, "error": LOAD_FAILED} if service.error else {"ready": False}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        return JSONResponse(app.openapi())
 
     @app.get("/metrics")
     async def prometheus(request: Request):
@@ -114,8 +127,7 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
     if (denied := unauthorized(request)) is not None:
         return denied
     if not service.ready:
-        why = f" ({service.error})" if service.error else ""
-        return _error(503, f"not ready: the model is loading{why}", {"Retry-After": "1"})
+        return _error(503, f"not ready: {LOAD_FAILED}" if service.error else "not ready: the model is loading")
     if service.full():  # before reading the body: an overloaded server reads no more bodies
         return _busy(Busy())
     length = request.headers.get("content-length")
@@ -130,7 +142,7 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
     except ClientDisconnect:  # gone while sending: nothing was admitted
         return _error(499, "the client closed the connection")
     try:
-        items, fmt, deepstack = await asyncio.to_thread(_parse, bytes(body), s)
+        items, fmt, deepstack, resized = await asyncio.to_thread(_parse, bytes(body), s, service.bound)
     except Failure as e:
         m.items.labels("too_large" if e.status == 413 else "bad_input").inc()
         return _error(e.status, e.message)
@@ -165,6 +177,7 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
         service.release(len(items))
     for _, cached in results:
         m.items.labels("cached" if cached else "ok").inc()
+    m.resized.inc(resized)
     t1 = time.perf_counter()
     if safetensors:
         content = await asyncio.to_thread(_safetensors, items, results, service)
@@ -177,6 +190,7 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
 
 
 _STATUS_LABEL = {400: "bad_input", 413: "too_large", 503: "unavailable", 504: "timeout"}
+LOAD_FAILED = "loading the model failed (the server's log says why)"  # the error itself may name server paths
 
 
 async def _disconnected(request: Request) -> None:
@@ -188,9 +202,9 @@ async def _disconnected(request: Request) -> None:
 
 
 # ---- parsing ----------------------------------------------------------------------------------
-def _parse(body: bytes, s: Settings) -> tuple[list[Item], str, bool]:
-    """The request body -> (items, encoding_format, return_deepstack); Failure 400 / 413 naming the
-    field or item that is wrong."""
+def _parse(body: bytes, s: Settings, bound) -> tuple[list[Item], str, bool, int]:
+    """The request body -> (items, encoding_format, return_deepstack, how many images the per-item
+    `bound` resizes down); Failure 400 / 413 naming the field or item that is wrong."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:  # RecursionError: JSON nested past the parser's depth
@@ -211,10 +225,12 @@ def _parse(body: bytes, s: Settings) -> tuple[list[Item], str, bool]:
     deepstack = doc.get("return_deepstack", False)
     if not isinstance(deepstack, bool):
         raise Failure(400, f"return_deepstack must be true or false, got {deepstack!r}")
-    return [_item(i, x, s) for i, x in enumerate(inputs)], fmt, deepstack
+    items, resized = zip(*(_item(i, x, s, bound) for i, x in enumerate(inputs)))
+    return list(items), fmt, deepstack, sum(resized)
 
 
-def _item(i: int, x, s: Settings) -> Item:
+def _item(i: int, x, s: Settings, bound) -> tuple[Item, bool]:
+    """One item, and whether the per-item bound resizes it down."""
     where = f"input[{i}]"
     if not isinstance(x, dict):
         raise Failure(400, f'{where}: an item is an object, {{"image": base64}} or {{"video": base64, "fps": F}}')
@@ -229,17 +245,18 @@ def _item(i: int, x, s: Settings) -> Item:
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120):
         raise Failure(400, f"{where}: fps must be a number in (0, 120], got {fps!r}")
     payload = _bytes(where, x[kind])
-    if kind == "image":
-        _check_image(where, payload, s)
+    resized = _check_image(where, payload, s, bound) if kind == "image" else False
     digest = hashlib.sha256(payload).hexdigest()
-    return Item(kind, payload, digest, None if fps is None else float(fps))
+    return Item(kind, payload, digest, None if fps is None else float(fps)), resized
 
 
 def _bytes(where: str, value) -> bytes:
-    """base64 (standard alphabet) or a data: URL's base64 part -> bytes. Nothing else: a path or a
-    URL is refused, never opened."""
+    """base64 (standard alphabet; whitespace such as MIME's line breaks ignored) or a data: URL's
+    base64 part -> bytes. Nothing else: a path or a URL is refused, never opened."""
     if not isinstance(value, str) or not value:
         raise Failure(400, f"{where}: the bytes must be a non-empty base64 string or a data: URL")
+    if _SPACE.search(value):  # `base64` without -w0, Python's encodebytes: lines of 76
+        value = _SPACE.sub("", value)
     if value.startswith("data:"):
         head, sep, value = value.partition(",")
         if not sep or not head.endswith(";base64"):
@@ -255,13 +272,17 @@ def _bytes(where: str, value) -> bytes:
     return payload
 
 
+_SPACE = re.compile(r"[ \t\r\n]+")
+
+
 def _looks_base64(value: str) -> bool:
     return len(value) % 4 == 0 and all(c.isalnum() or c in "+/=" for c in value[:64])
 
 
-def _check_image(where: str, payload: bytes, s: Settings) -> None:
-    """The image's size from its header (no decoding): 413 past max_image_pixels, 400 when PIL
-    cannot read the header."""
+def _check_image(where: str, payload: bytes, s: Settings, bound) -> bool:
+    """The image's size from its header (no decoding): 413 past max_image_pixels or (refused, not
+    resized) past the per-item bound, 400 when PIL cannot read the header. Whether the bound resizes
+    it down."""
     from PIL import Image
 
     try:
@@ -269,17 +290,40 @@ def _check_image(where: str, payload: bytes, s: Settings) -> None:
             w, h = im.size
     except Image.DecompressionBombError as e:
         raise Failure(413, f"{where}: {e}") from None
+    except Image.UnidentifiedImageError:  # its message is the stream's repr
+        raise Failure(400, f"{where}: not an image PIL can read (an unknown format)") from None
     except Exception as e:  # noqa: BLE001 (whatever a garbled header makes PIL raise)
         raise Failure(400, f"{where}: not an image PIL can read ({type(e).__name__}: {e})") from None
     if w * h > s.max_image_pixels:
         raise Failure(413, f"{where}: the image is {w}x{h} = {w * h:,} pixels; at most {s.max_image_pixels:,}")
+    try:
+        over = bound.image_over(w, h)
+    except ValueError as e:  # a size no resize rule takes (aspect ratio over 200)
+        raise Failure(400, f"{where}: {e}") from None
+    if over is not None:
+        raise Failure(413, f"{where}: {over}")
+    return bound.resized(w, h)
 
 
 # ---- answers ----------------------------------------------------------------------------------
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    """The error answer; a 503 says when to retry."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 413: "request_too_large"}.get(status)
     kind = kind or {429: "rate_limit_error", 503: "unavailable", 504: "timeout"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+    if status == 503:
+        headers = {"Retry-After": "1", **(headers or {})}
+    body = {"error": {"message": _public(message), "type": kind, "code": status}}
+    return JSONResponse(body, status, headers=headers)
+
+
+# what a message from a library may carry that a stranger must not see
+_REPR = re.compile(r"<[^<>\n]* at 0x[0-9a-fA-F]+>")  # <_io.BytesIO object at 0x7f...>
+_PATH = re.compile(r"(?<![\w./~-])/(?:[^\s/'\"()<>,;]+/)+([^\s/'\"()<>,;]*)")  # /abs/dir/name -> name
+
+
+def _public(message: str) -> str:
+    """`message` without Python object reprs (-> "an object") and absolute paths (-> their last part)."""
+    return _PATH.sub(lambda m: m[1] or "a folder", _REPR.sub("an object", message))
 
 
 def _busy(e: Busy) -> JSONResponse:
@@ -315,9 +359,16 @@ def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
             row["deepstack"] = [_encode_array(f, fmt) for f in r.deepstack or []]
         data.append(row)
         tokens += len(r.embedding)
-    return orjson.dumps(
-        {"object": "list", "data": data, "usage": {"tokens": tokens}}, option=orjson.OPT_SERIALIZE_NUMPY
-    )
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}  # OpenAI's names: embeddings have no completion
+    return orjson.dumps({"object": "list", "data": data, "usage": usage}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def checkpoint_name(checkpoint: str) -> str:
+    """What an answer calls the checkpoint: a hub id as it is, a local path by its folder's name
+    (never the server's path)."""
+    if os.path.exists(checkpoint) or os.path.isabs(checkpoint):
+        return os.path.basename(os.path.normpath(os.path.abspath(checkpoint)))
+    return checkpoint
 
 
 def _safetensors(items: list[Item], results, service: Service) -> bytes:
@@ -337,10 +388,10 @@ def _safetensors(items: list[Item], results, service: Service) -> bytes:
         {
             "format": FORMAT,
             "version": VERSION,
-            "checkpoint": service.settings.checkpoint,
+            "checkpoint": checkpoint_name(service.settings.checkpoint),
             "dtype": enc.dtype,
-            "preprocess": enc.preprocess.to_dict(),
-            "video_preprocess": enc.video_preprocess.to_dict(),
+            "preprocess": service.preprocessing.image.to_dict(),  # what made these (the per-item bound's)
+            "video_preprocess": service.preprocessing.video.to_dict(),
             "sha256": [it.digest for it in items],
         },
         np.concatenate([np.asarray(r.timestamps, np.float64) for r, _ in results]),

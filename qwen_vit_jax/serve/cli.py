@@ -2,7 +2,8 @@
 parser imports no jax and no web framework (the CLI's --help stays light).
 
     qwen-vit-jax serve q3b --max-batch-patches 8192 --max-wait-ms 5 --declare 36x36 --cache ~/.cache/qvj-emb
-    curl -s localhost:8000/v1/embeddings -d '{"input": [{"image": "'$(base64 -w0 cat.jpg)'"}]}'
+    { printf '{"input": [{"image": "'; base64 < cat.jpg | tr -d '\\n'; printf '"}]}'; } > body.json
+    curl -s localhost:8000/v1/embeddings -H 'Content-Type: application/json' --data-binary @body.json
 
 SIGTERM (and Ctrl-C) stop accepting, answer what is in flight and exit (uvicorn's graceful
 shutdown): 0 after a SIGTERM, 130 after a Ctrl-C, as every command.
@@ -24,6 +25,11 @@ buckets: a batch leaves when --max-batch-patches is full or its oldest item wait
 An identical item is encoded once (in flight, the in-memory LRU, --cache DIR on disk: the format of
 `encode --cache`). GET /healthz (alive), /readyz (loaded and the --declare sizes compiled), /metrics
 (Prometheus). Binding anything but loopback requires --api-key-file.
+
+Strangers are expected: a request head must arrive whole within --header-timeout, and a body may not
+pause longer (408); sockets that send no head never keep a client out (one that sends a head takes
+the slot of the oldest that has not); an item costs at most --max-item-patches per frame (a larger
+image is resized down to it, or refused with --oversize refuse); nothing is opened by name.
 """
 
 
@@ -64,9 +70,34 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--max-image-pixels", type=int, default=50_000_000, help="pixels per image at most (default 50M; 413 past)"
     )
+    p.add_argument(
+        "--max-item-patches",
+        type=int,
+        metavar="N",
+        help="patches per image or video frame at most (default: the patch budget of one device call)",
+    )
+    p.add_argument(
+        "--oversize",
+        choices=("resize", "refuse"),
+        default="resize",
+        help="an image over --max-item-patches: resized down keeping its aspect (default) or refused (413)",
+    )
+    p.add_argument(
+        "--max-frames", type=int, metavar="N", help="frames per video at most (default: the checkpoint's max_frames)"
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60; 504 past)")
     p.add_argument(
-        "--max-connections", type=int, default=512, help="concurrent connections at most (default 512; 503 past)"
+        "--max-connections",
+        type=int,
+        default=512,
+        help="open connections at most; one without a request head makes room, else 503 (default 512)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to send a whole request head, and the longest pause in a body (default 10; 408 past)",
     )
     p.add_argument(
         "--keep-alive",
@@ -98,9 +129,13 @@ def settings_from(args) -> Settings:
         max_items=args.max_items,
         max_body_bytes=args.max_body_mb << 20,
         max_image_pixels=args.max_image_pixels,
+        max_item_patches=args.max_item_patches,
+        oversize=args.oversize,
+        max_frames=args.max_frames,
         request_timeout_s=args.timeout,
         max_connections=args.max_connections,
         keep_alive_s=args.keep_alive,
+        header_timeout_s=args.header_timeout,
         compile_cache=args.compile_cache,
     )
 
@@ -120,21 +155,13 @@ def run(args) -> int:
         import uvicorn
 
         from qwen_vit_jax.serve.asgi import create_app
+        from qwen_vit_jax.serve.connections import uvicorn_config
     except ImportError as e:
         raise ValueError(f"serve needs the serve extra: pip install 'qwen_vit_jax[serve]' ({e})") from None
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=args.log_level,
-        limit_concurrency=settings.max_connections,
-        timeout_keep_alive=settings.keep_alive_s,
-        timeout_graceful_shutdown=settings.request_timeout_s + 5,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level=args.log_level))
     service = app.state.service
 
     def stop_if_load_fails() -> None:  # a server that can never be ready exits (the error below)

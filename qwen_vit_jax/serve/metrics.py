@@ -14,6 +14,12 @@ in one process (tests, a Ray replica per device) never share counters.
                                            device (the encode call), respond (encoding the answer)
     qvj_request_seconds                    whole requests
     qvj_workers_replaced_total             preparation workers replaced after dying
+    qvj_connections                        open connections (what --max-connections bounds)
+    qvj_connections_closed_total{reason}   connections the server closed: header_timeout, body_timeout,
+                                           drain_timeout (a body still arriving after its answer), evicted
+                                           (no request head when a request needed the slot), over_limit
+                                           (every slot held a request: 503)
+    qvj_items_resized_total                images resized down to --max-item-patches
     qvj_programs / qvj_compile_seconds     programs compiled (or loaded from the persistent compilation
                                            cache) so far, and the seconds that took: a new batch shape
                                            costs one such program, once
@@ -61,6 +67,11 @@ class Metrics:
         self.programs = Gauge("qvj_programs", "Programs compiled or loaded so far", registry=r)
         self.compile_seconds = Gauge("qvj_compile_seconds", "Seconds spent compiling or loading programs", registry=r)
         self.replaced = Counter("qvj_workers_replaced", "Preparation workers replaced after dying", registry=r)
+        self.connections = Gauge("qvj_connections", "Open connections", registry=r)
+        self.connections_closed = Counter(
+            "qvj_connections_closed", "Connections closed by the server, by reason", ["reason"], registry=r
+        )
+        self.resized = Counter("qvj_items_resized", "Images resized down to the per-item bound", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -45,23 +45,33 @@ class Task:
 
 def prepare_item(config, video_config, variant: str, kind: str, payload: bytes, fps: float | None) -> dict:
     """What a worker does with one item: Prepare's dict for its bytes. A video goes through a
-    temporary file of the worker's own (PyAV reads files); the request never names a path."""
+    temporary file of the worker's own (PyAV reads files); the request never names a path. Without
+    PyAV a video's dict has "missing": "av" (the server's fault, answered 501, not the client's 400)."""
     from qwen_vit_jax.data.pipeline import Prepare
 
     if kind == "video":
+        try:
+            import av  # noqa: F401
+        except ImportError:  # the server's lack, not the client's fault: a 5xx naming the extra
+            return {"error": "PyAV is not installed: pip install 'qwen_vit_jax[serve]' carries it", "missing": "av"}
         if fps is not None:
             video_config = dataclasses.replace(video_config, do_sample_frames=True, fps=float(fps), num_frames=None)
         with tempfile.NamedTemporaryFile(suffix=".mp4") as f:  # the suffix makes Prepare read it as a video
             f.write(payload)
             f.flush()
-            return Prepare(config, video_config, variant, False)(("video", f.name))
+            out = Prepare(config, video_config, variant, False)(("video", f.name))
+        if "error" in out:  # the worker's temporary file is no business of the client's
+            out["error"] = out["error"].replace(f.name, "the video")
+        return out
     return Prepare(config, video_config, variant, False)(("image", payload))
 
 
 def _worker_main(conn, config, video_config, variant: str) -> None:
     """A worker's loop: (kind, payload, fps) in, Prepare's dict out, until None or the pipe closes."""
     from qwen_vit_jax.data.pipeline import tune_allocator
+    from qwen_vit_jax.processes import die_with_parent
 
+    die_with_parent()  # even while preparing an item (a long video) when the server is killed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     tune_allocator()

@@ -74,7 +74,7 @@ class Service:
     def __init__(self, settings: Settings, metrics):
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
-        self.enc = self.pool = self.batcher = self.disk = None
+        self.enc = self.pool = self.batcher = self.disk = self.bound = self.preprocessing = None
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
@@ -91,7 +91,11 @@ class Service:
             if s.declare:  # tight buckets on one device; several devices compile the mesh's rungs
                 enc.warmup([[list(g)] for g in s.declare], tight=len(enc.devices) == 1, uint8=True)
             from qwen_vit_jax.preprocess.images import pixel_table
+            from qwen_vit_jax.serve.bounds import ItemBound
 
+            budget = s.max_batch_patches or enc.max_batch_patches
+            bound = ItemBound.of(enc.preprocessing, s.max_item_patches or budget, s.max_frames, s.oversize == "resize")
+            self.bound, self.preprocessing = bound, bound.preprocessing  # the workers' and the disk cache's
             self._tables = {
                 "image": (pixel_table(enc.preprocess), enc.preprocess.temporal_patch_size),
                 "video": (pixel_table(enc.video_preprocess), enc.video_preprocess.temporal_patch_size),
@@ -101,16 +105,14 @@ class Service:
                 from qwen_vit_jax.weights.sources import resolve_source
 
                 weights = checkpoint_fingerprint(resolve_source(s.checkpoint).path)
-                self.disk = DiskCache(s.cache, weights, enc.dtype, enc.preprocess, enc.video_preprocess)
+                p = self.preprocessing
+                self.disk = DiskCache(s.cache, weights, enc.dtype, p.image, p.video)
             from qwen_vit_jax.serve.batcher import Batcher
 
-            self.pool = PreparePool(
-                enc.preprocess, enc.video_preprocess, enc.cfg.variant, s.workers, on_replace=self.metrics.replaced.inc
-            )
+            p = self.preprocessing
+            self.pool = PreparePool(p.image, p.video, p.variant, s.workers, on_replace=self.metrics.replaced.inc)
             self.pool.wait_started()
-            self.batcher = Batcher(
-                enc, s.max_batch_patches or enc.max_batch_patches, s.max_wait_ms / 1000, self.metrics
-            )
+            self.batcher = Batcher(enc, budget, s.max_wait_ms / 1000, self.metrics)
             self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
             self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
@@ -158,7 +160,8 @@ class Service:
                     e = t.exception()
                     if isinstance(e, Failure):
                         raise Failure(e.status, f"input[{i}]: {e.message}") from None
-                    raise Failure(500, f"input[{i}]: {type(e).__name__}: {e}") from e
+                    log.error("input[%d] failed", i, exc_info=e)  # the details stay in the log
+                    raise Failure(500, f"input[{i}]: an internal error (logged by the server)") from e
             return [t.result() for t in tasks]
         finally:
             for t in tasks:
@@ -215,8 +218,12 @@ class Service:
             raise Failure(503, f"{e}; not prepared, send it again") from None
         m.stage.labels("prepare").observe(d.get("seconds", 0.0))
         waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
+        if d.get("missing"):  # the server lacks a decoder: its fault, not the client's
+            raise Failure(501, f"this server cannot read a {item.kind}: {d['error']}")
         if d.get("error"):
             raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
+        if (over := self.bound.grid_over(item.kind, d["grid"])) is not None:
+            raise Failure(413, over)
         from qwen_vit_jax.plan.contract import Patches
         from qwen_vit_jax.serve.batcher import Job
 

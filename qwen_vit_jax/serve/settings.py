@@ -35,8 +35,15 @@ class Settings:
     declare: grids (t, h, w) in patches to compile and declare (tight buckets) before ready.
     workers: preparation worker processes (0: a thread of the server process).
     max_body_bytes, max_items, max_image_pixels: request limits (413 past them).
+    max_item_patches: patches per image or video frame at most (None: the patch budget of one device
+      call). An image over it is resized down to fit, keeping its aspect (`oversize="resize"`), or
+      refused with 413 (`oversize="refuse"`); a video frame still over it is refused (bounds.py).
+    max_frames: frames per video at most (None: the checkpoint's video max_frames; only lowers it).
     request_timeout_s: a request still unanswered after this gets 504, its queued items dropped.
-    max_connections: uvicorn's concurrency limit (503 past it): bounds the bodies read at once.
+    max_connections: open connections at most; past it a connection without a request head is
+      closed to make room for one with a head, else 503 (connections.py). Bounds the bodies read at once.
+    header_timeout_s: a request head must arrive whole within this, and a body may pause no longer
+      (408 and closed past it; a body must be whole within request_timeout_s).
     keep_alive_s: an idle connection is closed after this. Longer than clients keep idle
       connections (httpx: 5 s), so a client never sends on a connection the server is closing.
     compile_cache: JAX's persistent compilation cache directory, or None.
@@ -57,9 +64,13 @@ class Settings:
     max_body_bytes: int = 64 << 20
     max_items: int = 64
     max_image_pixels: int = 50_000_000
+    max_item_patches: int | None = None
+    oversize: str = "resize"
+    max_frames: int | None = None
     request_timeout_s: float = 60.0
     max_connections: int = 512
     keep_alive_s: float = 30.0
+    header_timeout_s: float = 10.0
     compile_cache: str | None = None
 
     def __post_init__(self):
@@ -72,6 +83,14 @@ class Settings:
             not isinstance(self.max_batch_patches, int) or self.max_batch_patches <= 0
         ):
             raise ValueError(f"max_batch_patches must be a positive int or None, got {self.max_batch_patches!r}")
+        for name in ("max_item_patches", "max_frames"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.oversize not in ("resize", "refuse"):
+            raise ValueError(f'oversize must be "resize" or "refuse", got {self.oversize!r}')
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"header_timeout_s must be > 0, got {self.header_timeout_s!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
         if not self.keep_alive_s > 0:

@@ -133,8 +133,11 @@ ENCODE_HELP = """\
 Encode images, videos and datasets with a checkpoint: every input's merged-token
 embeddings to OUT (.safetensors, .npz or .parquet; qwen_vit_jax.read_embeddings
 reads them), written atomically. Preprocessing and frame sampling follow the
-checkpoint's HF processor configs. In full (inputs, output layout, --resume,
-caches, several processes): docs/encode.md.
+checkpoint's HF processor configs. What is done is saved every --save-every
+seconds: .safetensors and .npz hold every embedding in memory and rewrite OUT
+whole at each save, .parquet writes as it goes (the format for long runs). One
+run writes an OUT at a time. In full (inputs, output layout, --resume, caches,
+faults, several processes): docs/encode.md.
 """
 
 VERIFY_HELP = """\

@@ -6,6 +6,7 @@ processes, then run the encode loop (data/encode_files.py). Building the parser 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -14,7 +15,9 @@ import tempfile
 from collections import Counter
 
 from qwen_vit_jax.data.embeddings import FORMAT, VERSION
+from qwen_vit_jax.data.sinks import SAVE_EVERY_S
 from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.files import output_lock
 from qwen_vit_jax.tools.args import (
     ENCODE_HELP,
     PROG,
@@ -65,6 +68,13 @@ def add_parser(sub, fmt) -> None:
     add_overwrite(mode, "OUT")
     g.add_argument("--keep-going", action="store_true", help="skip unreadable inputs (warned; exit status 1)")
     g.add_argument("--cache", metavar="DIR", help="reuse embeddings of inputs met before (sha256)")
+    g.add_argument(
+        "--save-every",
+        type=float,
+        metavar="S",
+        default=SAVE_EVERY_S,
+        help=f"save what is done every S seconds ({SAVE_EVERY_S:.0f})",
+    )
     g = p.add_argument_group("inputs")
     g.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
     g.add_argument("--image-column", metavar="NAME", default="image", help="parquet / dataset image column (image)")
@@ -92,6 +102,11 @@ def add_parser(sub, fmt) -> None:
 
 
 def command(args) -> int:
+    with contextlib.ExitStack() as held:  # the lock on OUT (taken once OUT is known), for the whole run
+        return _command(args, held)
+
+
+def _command(args, held: contextlib.ExitStack) -> int:
     from qwen_vit_jax.data import parquet
     from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, shard_path, write_index
     from qwen_vit_jax.data.encode_files import encode_files
@@ -115,6 +130,8 @@ def command(args) -> int:
             raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     if args.workers is not None and args.workers < 0:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
+    if not args.save_every >= 0:  # (NaN too)
+        raise CommandError(f"--save-every must be >= 0 seconds, got {args.save_every}")
     asked = capped_workers(args.workers)
     tune_allocator()  # this process decodes too with --workers 0 (and packs every batch)
     # before anything touches a device: jax.distributed must start first
@@ -126,6 +143,10 @@ def command(args) -> int:
             "of this run's shards: move or delete it"
         )
     target = shard_path(out, cluster.index, cluster.count) if sharded else out  # what this process writes
+    # One writer per output: a second run on it stops here, before it reads or removes anything.
+    lock = held.enter_context(output_lock(target))
+    if lock.note:
+        print(lock.note, file=sys.stderr)
     # Every process checks every shard, so that all of them stop here together (on a shared file system).
     shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
     found = [p for s in shards for p in (s, parquet.parts_dir(s)) if p.exists()]
@@ -209,6 +230,7 @@ def command(args) -> int:
             cache=_cache(args, meta),
             sink=sink,
             progress=_Shown(),
+            save_every=args.save_every,
         )
     except EncodeError as e:  # its words for what to do next, as this command's flags
         raise EncodeError(_in_flags(str(e))) from None
