@@ -157,8 +157,7 @@ def _snap(r: int, block: int) -> int:
 @functools.lru_cache(maxsize=32)
 def rung_table(policy: BucketPolicy) -> tuple[int, ...]:
     """The ladder from min_patches until past 2 * MAX_PATCHES (every valid grid has a rung), as
-    Python ints: `rung` bisects it on every uncached plan (faster than np.searchsorted on an
-    array: benchmarks/RESULTS.md, "Host plans vs HF")."""
+    Python ints: `rung` bisects it on every uncached plan."""
     rungs = [_snap(policy.min_patches, policy.block)]
     k = 0
     while rungs[-1] < 2 * MAX_PATCHES:
