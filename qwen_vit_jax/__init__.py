@@ -18,8 +18,12 @@
         emb = plan.unpad(jax.jit(model)(plan.take(pv), plan))
 
     pos, deltas = qvj.rope_index(ckpt, input_ids, image_grid_thw=thw, attention_mask=mask)
-                                                  # int64 [3, B, L], [B, 1] == HF's get_rope_index
+                                                  # [3, B, L], [B, 1] == HF's get_rope_index, in HF's
+                                                  # dtype (int64; Qwen3-Omni float32)
     nxt = qvj.decode_positions(deltas, start, 1)  # [3, B, 1]: the next token's positions
+    inp = qvj.lm_inputs(ckpt, input_ids, image_grid_thw=thw)   # positions, deltas, splice plan: one call
+    cos, sin = qvj.mrope_tables(ckpt, pos)        # [B, L, rotary_dim]: the text model's rotary tables
+    q, k = qvj.apply_mrope(q, k, cos, sin, ckpt)  # q, k [B, L, H, Dh] rotated as the family does
     cfg = qvj.prompt_config(ckpt)                 # qvj.PromptConfig: token ids + position rules
 
 Names load on first use (PEP 562), so `import qwen_vit_jax` and the CLI's --help do not pay
@@ -61,6 +65,9 @@ _EXPORTS = {
     "prompt_config": "prompt.config",
     "rope_index": "prompt.positions",
     "decode_positions": "prompt.positions",
+    "lm_inputs": "prompt.inputs",
+    "mrope_tables": "prompt.rotary",
+    "apply_mrope": "prompt.rotary",
 }
 __all__ = sorted(_EXPORTS)  # (and the `data` module)
 __version__ = "0.1.0"

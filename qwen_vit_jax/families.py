@@ -49,6 +49,9 @@ FAMILIES = {
     "glm4v": GLM4V,
     "glm4v_moe": GLM4V,
 }
+# The Omni families: the tower (and the prompt's rules) sit in a thinker (`thinker_config`,
+# `thinker.visual.*`), audio tokens beside the vision ones.
+OMNI = ("qwen2_5_omni", "qwen3_omni_moe")
 # The dtypes the tower computes in (config.DTYPES maps them to numpy dtypes).
 DTYPE_NAMES = ("float32", "bfloat16")
 

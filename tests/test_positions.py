@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from qwen_vit_jax import presets
+from qwen_vit_jax.families import OMNI
 from qwen_vit_jax.prompt import config as pc
 from qwen_vit_jax.prompt import positions as pos
-from qwen_vit_jax.prompt.config import PromptConfig, prompt_config, token_types
+from qwen_vit_jax.prompt.config import PromptConfig, prompt_config
+from qwen_vit_jax.prompt.positions import token_types
 from qwen_vit_jax.tools.hf_reference import hf_config
 
 # family -> a released tower of it (only the config dict is used: no weights anywhere)
@@ -34,6 +36,7 @@ TOWERS = {
     "glm4v_moe": presets.GLM_4_5V,
 }
 FAMILIES = tuple(TOWERS)
+GLM = tuple(f for f in FAMILIES if pc.RULES[f].glm_types)
 # Small ids so prompts are easy to read; every family's own special tokens.
 IDS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
 OMNI_IDS = dict(IDS, audio_token_id=94, audio_start_token_id=95, audio_end_token_id=96, position_id_per_seconds=13)
@@ -43,7 +46,7 @@ GLM_IDS = dict(IDS, image_start_token_id=92, image_end_token_id=93, video_start_
 def config_dict(family: str, tokens_per_second: int = 2) -> dict:
     """The transformers 5.x config.json of a `family` model, with our small token ids."""
     d = hf_config(TOWERS[family])
-    if family in pc.OMNI:
+    if family in OMNI:
         ids = dict(OMNI_IDS)
         if family == "qwen2_5_omni":  # its thinker config spells the placeholders *_token_index
             for k in ("image", "video", "audio"):
@@ -54,7 +57,7 @@ def config_dict(family: str, tokens_per_second: int = 2) -> dict:
     for k in list(d):
         if k.endswith("_token_id"):
             del d[k]
-    d.update(GLM_IDS if family in pc.GLM else IDS)
+    d.update(GLM_IDS if family in GLM else IDS)
     if family == "qwen2_5_vl":
         d["vision_config"]["tokens_per_second"] = tokens_per_second
     return d
@@ -74,11 +77,11 @@ def test_prompt_config_reads_every_family(family, tmp_path):
     assert cfg.image_token_id == 90 and cfg.spatial_merge_size == 2
     assert cfg.video_token_id == (None if family == "paddleocr_vl" else 91)
     assert cfg.deepstack == (family in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe"))
-    if family in pc.OMNI:
+    if family in OMNI:
         assert (cfg.audio_token_id, cfg.audio_start_token_id, cfg.position_id_per_seconds) == (94, 95, 13)
     else:
         assert cfg.audio_token_id is None
-    if family in pc.GLM:
+    if family in GLM:
         assert (cfg.video_start_token_id, cfg.video_end_token_id) == (97, 98)
     if family == "qwen2_5_vl":
         assert cfg.tokens_per_second == 2
@@ -111,7 +114,7 @@ def _hf_types(family: str, cfg: PromptConfig, ids: np.ndarray) -> np.ndarray:
     """HF's processor's mm_token_type_ids of `ids` (its create_mm_token_type_ids on a stand-in)."""
     from transformers.processing_utils import ProcessorMixin
 
-    if family in pc.GLM:
+    if family in GLM:
         from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
 
         me = types.SimpleNamespace(
@@ -139,7 +142,7 @@ def _hf_model_class(family: str):
     import importlib
 
     mod = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    owner = "PreTrainedModelForConditionalGeneration" if family in pc.OMNI else "Model"
+    owner = "PreTrainedModelForConditionalGeneration" if family in OMNI else "Model"
     (cls,) = (
         c
         for name, c in vars(mod).items()
@@ -153,7 +156,7 @@ def hf_stand_in(family: str, d: dict):
     from qwen_vit_jax.tools.hf_reference import _hf_classes
 
     hf_cfg = _hf_classes(family)[0].from_dict(d)
-    if family in pc.OMNI:
+    if family in OMNI:
         hf_cfg = hf_cfg.thinker_config
     cls = _hf_model_class(family)
     me = types.SimpleNamespace(config=hf_cfg, spatial_merge_size=hf_cfg.vision_config.spatial_merge_size)
@@ -172,7 +175,7 @@ def hf_rope_index(family, stand_in, ids, mask, types_, images, videos, spgt, aud
         return None if x is None else torch.as_tensor(np.asarray(x), dtype=dtype)
 
     with torch.no_grad():
-        if family in pc.OMNI:
+        if family in OMNI:
             pos, deltas = cls.get_rope_index(
                 me, t(ids), t(images), t(videos), t(mask), aiv, t(audio_seqlens), t(spgt, torch.float32)
             )
@@ -206,7 +209,8 @@ def _aiv_layout(family, cfg, thw, s, n_audio):
         np.float32(np.float32(np.float32(k) * np.float32(s)) * np.float32(cfg.position_id_per_seconds))
         for k in range(thw[0])
     ]
-    vt = [int(tv[i // hw]) for i in range(thw[0] * hw)]
+    # Qwen3-Omni keeps a frame's time as a float (fractional times are legal); Qwen2.5-Omni truncates
+    vt = [tv[i // hw] if family == "qwen3_omni_moe" else int(tv[i // hw]) for i in range(thw[0] * hw)]
     v, a = cfg.video_token_id, cfg.audio_token_id
     if family == "qwen3_omni_moe":
         out, i, j = [], 0, 0
@@ -239,14 +243,14 @@ def _aiv_layout(family, cfg, thw, s, n_audio):
 def random_row(family, cfg, rng, n_items, aiv=False):
     """One prompt: (ids, image grids, video grids, seconds per grid, audio seqlens)."""
     ids, images, videos, spgt, audios = _text(rng), [], [], [], []
-    kinds = ["image"] + ([] if family == "paddleocr_vl" else ["video"]) + (["audio"] if family in pc.OMNI else [])
+    kinds = ["image"] + ([] if family == "paddleocr_vl" else ["video"]) + (["audio"] if family in OMNI else [])
     vs, ve, im, vi = cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.image_token_id, cfg.video_token_id
     for _ in range(n_items):
         kind = kinds[int(rng.integers(len(kinds)))]
         if kind == "image":
             g = _grid(rng)
             images.append(g)
-            start, end = (cfg.image_start_token_id, cfg.image_end_token_id) if family in pc.GLM else (vs, ve)
+            start, end = (cfg.image_start_token_id, cfg.image_end_token_id) if family in GLM else (vs, ve)
             ids += [start] + [im] * (g[1] * g[2] // 4) + [end]
         elif kind == "audio":
             n = int(rng.integers(3, 60))
@@ -259,7 +263,7 @@ def random_row(family, cfg, rng, n_items, aiv=False):
         else:
             g = _grid(rng, t_max=3)
             videos.append(g)
-            s = float(rng.choice([1.0, 2.0] if family == "qwen3_omni_moe" else [0.5, 1.0, 1 / 3, 2 / 3, 1.5, 2.0]))
+            s = float(rng.choice([0.5, 1.0, 1 / 3, 2 / 3, 1.5, 2.0]))  # 13 positions a second: fractional times
             spgt.append(s)
             hw = g[1] * g[2] // 4
             if aiv:
@@ -267,7 +271,7 @@ def random_row(family, cfg, rng, n_items, aiv=False):
                 audios.append(n)
                 layout = _aiv_layout(family, cfg, g, s, int(pos.audio_tokens(cfg, [n])[0]))
                 ids += [vs, cfg.audio_start_token_id] + layout + [cfg.audio_end_token_id, ve]
-            elif family in pc.GLM:  # per frame: <image_start> tokens <image_end> then its timestamp text
+            elif family in GLM:  # per frame: <image_start> tokens <image_end> then its timestamp text
                 ids.append(cfg.video_start_token_id)
                 for _ in range(g[0]):
                     ids += [cfg.image_start_token_id] + [im] * hw + [cfg.image_end_token_id] + _text(rng, 1, 2)
@@ -350,10 +354,12 @@ def _compare(family, cfg, stand_in, batch, aiv=False):
         batch["audios"],
         aiv,
     )
-    assert p.dtype == np.int64 and p.shape == (3, *batch["ids"].shape) and dl.shape == (len(p[0]), 1)
+    # HF's dtype: float32 for Qwen3-Omni, int64 for every other family
+    assert p.dtype == hp.dtype == dl.dtype == hd.dtype == pos.position_dtype(cfg), (p.dtype, hp.dtype, hd.dtype)
+    assert p.shape == (3, *batch["ids"].shape) and dl.shape == (len(p[0]), 1)
     np.testing.assert_array_equal(p, hp)
     np.testing.assert_array_equal(dl, hd)
-    if family not in pc.OMNI:  # the same with the processor's types passed in
+    if family not in OMNI:  # the same with the processor's types passed in
         p2, d2 = _ours(cfg, batch, aiv, types_=types_)
         np.testing.assert_array_equal(p2, hp)
         np.testing.assert_array_equal(d2, hd)
@@ -369,7 +375,7 @@ def test_rope_index_equals_hf(family, family_setup):
         _compare(family, cfg, stand_in, batch)
 
 
-@pytest.mark.parametrize("family", pc.OMNI)
+@pytest.mark.parametrize("family", OMNI)
 def test_rope_index_audio_in_video_equals_hf(family, family_setup):
     cfg, stand_in = family_setup(family)
     for seed in range(25):
@@ -377,7 +383,7 @@ def test_rope_index_audio_in_video_equals_hf(family, family_setup):
         _compare(family, cfg, stand_in, batch, aiv=True)
 
 
-@pytest.mark.parametrize("family", pc.OMNI)
+@pytest.mark.parametrize("family", OMNI)
 def test_omni_text_only_branch_equals_hf(family, family_setup):
     """No image and no video grid: HF's thinkers take their text-only branch (padding 1)."""
     cfg, stand_in = family_setup(family)
@@ -386,26 +392,40 @@ def test_omni_text_only_branch_equals_hf(family, family_setup):
     mask = np.ones((3, 9), np.int64)
     mask[0, :4] = 0  # left padding
     mask[1, :8] = 0  # one real token: HF's delta quirk (its padding 1 is the row's largest position)
+    mask[2, :] = 0  # none: HF writes 1 everywhere, delta 2
     p, d = pos.rope_index(cfg, ids, attention_mask=mask)
     hp, hd = hf_rope_index(family, stand_in, ids, mask, None, None, None, None, None, False)
+    assert p.dtype == d.dtype == hp.dtype == hd.dtype == pos.position_dtype(cfg)
     np.testing.assert_array_equal(p, hp)
     np.testing.assert_array_equal(d, hd)
 
 
-def test_qwen3_omni_fractional_time_raises(family_setup):
-    """HF's Qwen3-Omni keeps k * s * position_id_per_seconds as floats (13 * 0.5 = 6.5): not int64."""
+def test_qwen3_omni_fractional_times_equal_hf(family_setup):
+    """HF's Qwen3-Omni keeps k * s * position_id_per_seconds as float32 (13 * 0.5 = 6.5, 13 / 3
+    rounded): positions and deltas float32, equal element for element, the text after a video
+    continuing from a fractional position; a left-padded row and the text-only branch too."""
     family = "qwen3_omni_moe"
     cfg, stand_in = family_setup(family)
-    v = [2, 2, 2]
-    ids = np.array([[1, cfg.vision_start_token_id] + [cfg.video_token_id] * 2 + [cfg.vision_end_token_id, 3]])
-    hp, _ = hf_rope_index(family, stand_in, ids, np.ones_like(ids), None, None, [v], [0.5], None, False)
-    assert hp[0, 0, 3] == 2 + 6.5  # HF's own value
-    with pytest.raises(ValueError, match="row 0: video 0 frame 1: .* fractional"):
-        pos.rope_index(cfg, ids, video_grid_thw=[v], second_per_grid_ts=[0.5])
-    p, _ = pos.rope_index(cfg, ids, video_grid_thw=[v], second_per_grid_ts=[1.0])
-    np.testing.assert_array_equal(
-        p, hf_rope_index(family, stand_in, ids, np.ones_like(ids), None, None, [v], [1.0], None, False)[0]
-    )
+    vs, ve, v = cfg.vision_start_token_id, cfg.vision_end_token_id, cfg.video_token_id
+    ids = np.array([[1, vs, v, v, v, ve, 3, 4], [0, 0, vs, v, v, ve, 5, 6]])
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    grids = [[3, 2, 2], [2, 2, 2]]
+    for s in ([0.5, 1 / 3], [1 / 3, 2 / 3], [1.0, 2.0]):
+        hp, hd = hf_rope_index(family, stand_in, ids, mask, None, None, grids, s, None, False)
+        p, d = pos.rope_index(cfg, ids, video_grid_thw=grids, second_per_grid_ts=s, attention_mask=mask)
+        assert p.dtype == d.dtype == hp.dtype == hd.dtype == np.float32
+        np.testing.assert_array_equal(p, hp)
+        np.testing.assert_array_equal(d, hd)
+        if s[0] == 0.5:  # frame 1 of video 0: 1 * 0.5 s * 13 positions a second after its start at 2
+            assert p[0, 0, 3] == 2 + 6.5 and p[0, 0, 5] == 2 + 13 + 1  # <vision_end> right after frame 2
+        if s[0] == 1 / 3:  # 2 * f32(1 / 3) * 13 is not a whole number: nor is the text after it
+            assert p[0, 0, 6] != np.floor(p[0, 0, 6])
+    p, d = pos.rope_index(cfg, ids, attention_mask=mask)  # no grids: HF's text-only branch, float32 too
+    hp, hd = hf_rope_index(family, stand_in, ids, mask, None, None, None, None, None, False)
+    assert p.dtype == d.dtype == hp.dtype == hd.dtype == np.float32
+    np.testing.assert_array_equal(p, hp)
+    np.testing.assert_array_equal(d, hd)
 
 
 # ---- decode positions vs HF's compute_3d_position_ids with a cache ---------------------------------
@@ -445,6 +465,17 @@ def test_decode_positions_equal_hf():
             pos.decode_positions(deltas, start, length, beams), hf_decode(deltas, start, length, beams)[:, :, start:]
         )
     assert pos.decode_positions(deltas[:, 0], 4, 2).shape == (3, 3, 2)
+    # Qwen3-Omni's float32 deltas (fractional): HF's int64 positions + float32 deltas, in float32
+    fdeltas = np.array([[-3.5], [0.0], [7.333333]], np.float32)
+    for start, length in ((0, 5), (30, 4)):
+        mask = np.ones((3, start + length), np.int64)
+        mask[0, : min(3, start)] = 0
+        for m in (None, mask):
+            ours = pos.decode_positions(fdeltas, start, length, m)
+            ref = hf_decode(fdeltas, start, length, m)
+            ref = ref if m is None else ref[:, :, start:]
+            assert ours.dtype == ref.dtype == np.float32
+            np.testing.assert_array_equal(ours, ref)
     with pytest.raises(ValueError, match=r"whole mask, \[B, start \+ length\]"):
         pos.decode_positions(deltas, 4, 2, np.ones((3, 2)))
     with pytest.raises(ValueError, match="not a multiple"):
@@ -478,7 +509,10 @@ def _image_prompt(cfg, n_tokens, images=1):
             dict(grids=[[1, 4, 4], [1, 2, 2]]),
             r"image_grid_thw: 2 entries, the prompt has image runs for 1 \(image_grid_thw\[1:\] left over\)",
         ),
-        (dict(grids=[[1, 3, 4]]), r"image_grid_thw row 0: .* multiples of the merge size 2"),
+        # grids are checked by plan.as_grid (the tower's own check), the argument named
+        (dict(grids=[[1, 3, 4]]), r"image_grid_thw: grid_thw row 0 = \[1, 3, 4\]: h and w must be multiples of"),
+        (dict(grids=[[0, 4, 4]]), r"image_grid_thw: grid_thw row 0 = \[0, 4, 4\]: t must be positive"),
+        (dict(grids=[[1.0, 4, 4]]), r"image_grid_thw: grid_thw must hold integers"),
         (dict(mask=np.ones((1, 5))), r"attention_mask has shape \(1, 5\), input_ids \(1, 9\)"),
         (dict(mask=np.full((1, 9), 2)), r"attention_mask row 0, column 0: 2"),
         (dict(mask=np.zeros((1, 9), np.int64)), r"row 0: no unmasked token"),
@@ -557,3 +591,65 @@ def test_prompt_config_sources(tmp_path, monkeypatch):
     os.remove(out / HF_CONFIG_FILE)
     with pytest.raises(ValueError, match="without hf_config.json"):
         prompt_config(os.path.relpath(out))  # another spelling: not cached
+
+
+# ---- lm_inputs: the same kernel call, positions and splice together -----------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lm_inputs_equals_rope_index_and_plan_splice(family, family_setup):
+    """One call gives rope_index's positions and deltas and plan_splice's plan (its counts: the
+    tokens of each kind whose grids / lengths are given); with `cached`, the new columns' share."""
+    from qwen_vit_jax.prompt.inputs import lm_inputs
+    from qwen_vit_jax.prompt.splice import plan_splice
+
+    cfg, _ = family_setup(family)
+    for seed in range(6):
+        batch = random_batch(family, cfg, 300 + seed)
+        kw = dict(
+            image_grid_thw=batch["images"],
+            video_grid_thw=batch["videos"],
+            second_per_grid_ts=batch["spgt"],
+            attention_mask=batch["mask"],
+            audio_seqlens=batch["audios"],
+        )
+        p, d = pos.rope_index(cfg, batch["ids"], **kw)
+        types_ = token_types(cfg, batch["ids"])
+        for cached in (0, batch["ids"].shape[1] // 2):
+            got = lm_inputs(cfg, batch["ids"], **kw, cached=cached)
+            np.testing.assert_array_equal(got.position_ids, p[:, :, cached:])
+            np.testing.assert_array_equal(got.rope_deltas, d)
+            assert got.position_ids.dtype == got.rope_deltas.dtype == pos.position_dtype(cfg)
+            tail = types_[:, cached:]
+            counts = [None if kw[k] is None else int((tail == t).sum()) for k, t in
+                      (("image_grid_thw", 1), ("video_grid_thw", 2), ("audio_seqlens", 3))]  # fmt: skip
+            # the types of the whole rows (GLM's depend on the video tags before the cut)
+            want = plan_splice(cfg, batch["ids"][:, cached:], *counts, mm_token_type_ids=tail)
+            plan = got.splice
+            assert (plan.image_rows, plan.video_rows, plan.audio_rows) == tuple(counts)
+            np.testing.assert_array_equal(plan.rows, want.rows)
+            if cfg.deepstack:
+                np.testing.assert_array_equal(plan.visual_pos_masks, want.visual_pos_masks)
+                np.testing.assert_array_equal(plan.deepstack_rows, want.deepstack_rows)
+            else:
+                assert plan.visual_pos_masks is None and plan.deepstack_rows is None
+        # int32 arrays take the general way in; the processors' int64 ones (above) the short one
+        slow = lm_inputs(cfg, batch["ids"].astype(np.int32), **dict(kw, attention_mask=batch["mask"].astype(np.int32)))
+        fast = lm_inputs(cfg, batch["ids"], **kw)
+        for a, b in zip(
+            (slow.position_ids, slow.rope_deltas, slow.splice.rows),
+            (fast.position_ids, fast.rope_deltas, fast.splice.rows),
+        ):
+            np.testing.assert_array_equal(a, b)
+        assert (slow.splice.image_rows, slow.splice.video_rows) == (fast.splice.image_rows, fast.splice.video_rows)
+
+
+def test_lm_inputs_errors(family_setup):
+    from qwen_vit_jax.prompt.inputs import lm_inputs
+
+    cfg, _ = family_setup("qwen2_5_vl")
+    ids = _image_prompt(cfg, 4)
+    with pytest.raises(ValueError, match="cached must be between 0 and the prompt's 9 columns, got 10"):
+        lm_inputs(cfg, ids, image_grid_thw=[[1, 4, 4]], cached=10)
+    padded = np.concatenate([np.full((1, 2), cfg.image_token_id), ids], axis=1)  # placeholders in the padding
+    mask = np.concatenate([np.zeros((1, 2), np.int64), np.ones_like(ids)], axis=1)
+    with pytest.raises(ValueError, match="input_ids hold 6 image tokens, the image embeddings have 4 rows"):
+        lm_inputs(cfg, padded, image_grid_thw=[[1, 4, 4]], attention_mask=mask)  # HF's count check

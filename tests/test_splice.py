@@ -19,16 +19,20 @@ import pytest
 import torch
 
 import qwen_vit_jax as qvj
+from qwen_vit_jax.families import OMNI
 from qwen_vit_jax.presets import PRESETS
-from qwen_vit_jax.prompt.config import IMAGE, VIDEO, config_from_dict, token_types
+from qwen_vit_jax.prompt.config import IMAGE, VIDEO, config_from_dict
+from qwen_vit_jax.prompt.positions import token_types
 from qwen_vit_jax.prompt.splice import apply_deepstack, apply_splice, plan_splice
 from qwen_vit_jax.tools.hf_reference import (
     AUDIO_CONFIG,
     TEXT_CONFIG,
     TEXT_CONFIG_GLM4V,
     TEXT_CONFIG_QWEN3,
+    TEXT_CONFIG_QWEN3_5,
     hf_vision_config,
     reinit_,
+    text_config,
 )
 
 WIDTH = 32  # the tower's output = the text model's hidden size
@@ -46,7 +50,9 @@ TOWERS = {
     ),
 }
 TOWERS["qwen2_5_omni"] = dataclasses.replace(TOWERS["qwen2_5_vl"], family="qwen2_5_omni")
-FAMILIES = list(TOWERS)
+FAMILIES = list(TOWERS)  # the splice and placeholder tests'; tests/test_lm_end_to_end.py adds two more
+TOWERS["qwen3_5"] = dataclasses.replace(PRESETS["qwen3.5-27b"], **_SMALL, num_position_embeddings=16)
+TOWERS["qwen3_omni_moe"] = dataclasses.replace(TOWERS["qwen3_vl"], family="qwen3_omni_moe")
 # Token ids inside the tiny text models' vocabulary (128): text tokens are 1 .. 99, 0 pads.
 QWEN_IDS = dict(image_token_id=120, video_token_id=121, vision_start_token_id=122, vision_end_token_id=123)
 GLM_IDS = dict(
@@ -66,21 +72,42 @@ OMNI_IDS = dict(
     audio_start_token_id=125,
     audio_end_token_id=126,
 )
+QWEN3_OMNI_IDS = {k.replace("_index", "_id"): v for k, v in OMNI_IDS.items()}  # its thinker's spelling
+# The text models: each family's tiny one (hf_reference), Qwen3.5's wider, so its partial rotary has 8
+# frequencies in 3 interleaved sections (the default 0.25 of 16 would leave 2)
+TEXT = {
+    "qwen2_5_vl": TEXT_CONFIG,
+    "qwen2_5_omni": TEXT_CONFIG,
+    "qwen3_vl": TEXT_CONFIG_QWEN3,
+    "glm4v": TEXT_CONFIG_GLM4V,
+    "qwen3_5": dict(
+        TEXT_CONFIG_QWEN3_5,
+        head_dim=32,
+        rope_parameters={
+            "rope_type": "default",
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    ),
+    "qwen3_omni_moe": text_config(TOWERS["qwen3_omni_moe"]),
+}
 
 
 def hf_config_dict(family: str) -> dict:
     """The config of a tiny whole model of `family` (what save_pretrained writes, as a dict)."""
     cfg = TOWERS[family]
     vision = hf_vision_config(cfg)
-    if family == "qwen2_5_omni":
-        text = dict(TEXT_CONFIG, hidden_size=WIDTH)
+    text = dict(TEXT[family], hidden_size=WIDTH)
+    if family in OMNI:
         thinker = dict(
-            model_type="qwen2_5_omni_thinker", text_config=text, vision_config=vision, audio_config=AUDIO_CONFIG
+            model_type=f"{family}_thinker", text_config=text, vision_config=vision, audio_config=AUDIO_CONFIG
         )
-        return dict(model_type="qwen2_5_omni", thinker_config=dict(thinker, **OMNI_IDS), enable_audio_output=False)
-    text = {"qwen3_vl": TEXT_CONFIG_QWEN3, "glm4v": TEXT_CONFIG_GLM4V}.get(family, TEXT_CONFIG)
+        ids = OMNI_IDS if family == "qwen2_5_omni" else QWEN3_OMNI_IDS
+        return dict(model_type=family, thinker_config=dict(thinker, **ids), enable_audio_output=False)
     ids = GLM_IDS if family == "glm4v" else QWEN_IDS
-    return dict(model_type=family, text_config=dict(text, hidden_size=WIDTH), vision_config=vision, **ids)
+    return dict(model_type=family, text_config=text, vision_config=vision, **ids)
 
 
 # family -> (HF module, config class, whole-model class)
@@ -89,6 +116,8 @@ HF_CLASSES = {
     "qwen3_vl": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
     "glm4v": ("glm4v", "Glm4vConfig", "Glm4vForConditionalGeneration"),
     "qwen2_5_omni": ("qwen2_5_omni", "Qwen2_5OmniConfig", "Qwen2_5OmniForConditionalGeneration"),
+    "qwen3_5": ("qwen3_5", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+    "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeConfig", "Qwen3OmniMoeForConditionalGeneration"),
 }
 
 
@@ -102,9 +131,9 @@ def tiny_hf(family: str, seed: int = 0):
     model_cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), model_name)
     d = hf_config_dict(family)
     torch.manual_seed(seed)
-    if family == "qwen2_5_omni":
+    if family in OMNI:
         hf_cfg = full_cls(thinker_config=d["thinker_config"], enable_audio_output=False)
-        # HF 5.x's thinker config class drops the vision start / end ids its get_rope_index reads
+        # HF 5.x's thinker config classes drop the vision start / end ids their get_rope_index reads
         for k in ("vision_start_token_id", "vision_end_token_id"):
             setattr(hf_cfg.thinker_config, k, OMNI_IDS[k])
     else:
@@ -303,10 +332,16 @@ def test_split_under_jit_and_dtypes():
     given = plan_splice(cfg, ids, len(img), len(vid), mm_token_type_ids=token_types(cfg, ids))
     for a, b in zip(jax.tree.leaves(plan), jax.tree.leaves(given)):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(ValueError, match="must be >= 0 or None"):
+    with pytest.raises(ValueError, match="image_rows must be an int >= 0 or None, got -1"):
         plan_splice(cfg, ids, -1, len(vid))
     ds = apply_deepstack(plan, [img, img], [vid, vid])
     assert [d.shape for d in ds] == [(len(img) + len(vid), WIDTH)] * 2
+    # a family without deepstack: its plan has no visual positions or deepstack rows to gather by
+    flat = plan_splice(prompt_config_of("qwen2_5_vl"), ids, len(img), len(vid))
+    assert flat.visual_pos_masks is None and flat.deepstack_rows is None
+    np.testing.assert_array_equal(flat.rows, plan.rows)
+    with pytest.raises(ValueError, match="the plan has no deepstack rows"):
+        apply_deepstack(flat, [img], [vid])
 
 
 def test_splice_count_checks():
@@ -332,7 +367,7 @@ def test_splice_count_checks():
         qvj.splice(cfg, ids, text, None, vid, image_deepstack=[img], video_deepstack=[vid])
     with pytest.raises(ValueError, match="differ"):
         qvj.splice(cfg, ids, text, img, vid, image_deepstack=[img, img], video_deepstack=[vid])
-    with pytest.raises(ValueError, match=r"mm_token_type_ids\[0, 0\] is 7"):
+    with pytest.raises(ValueError, match=r"row 0, column 0: mm_token_type_ids value 7"):
         qvj.splice(cfg, ids, text, img, vid, mm_token_type_ids=np.full(ids.shape, 7))
     with pytest.raises(ValueError, match="integer array"):
         qvj.splice(cfg, ids[0], text[0], img, vid)
@@ -493,5 +528,5 @@ def test_expand_errors_and_shapes():
         qvj.expand_placeholders(cfg, [vs, v, ve], None, [[2, 2, 2]])
     with pytest.raises(ValueError, match="video 0 has 2 temporal patches but video_timestamps gives 1 times"):
         qvj.expand_placeholders(cfg, [vs, v, ve], None, [[2, 2, 2]], video_timestamps=[[0.0]], timestamp_ids=list)
-    with pytest.raises(ValueError, match=r"image_grid_thw must be positive integers \[n, 3\]"):
+    with pytest.raises(ValueError, match=r"image_grid_thw: grid_thw must have shape \[k, 3\]"):
         qvj.expand_placeholders(cfg, [i], [[1, 2]])

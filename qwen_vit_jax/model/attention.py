@@ -136,8 +136,8 @@ def segment_attention(
     Two schedules of the same attention:
     - `num.tile_loops` (CPU): loops over heads, then tiles; each tile attends to its window with a
       plain softmax. Every matmul is a 2-D dot ([B, Dh] x [Dh, K], [B, K] x [K, Dh]), which XLA's
-      CPU backend runs faster than batched dots (benchmarks/RESULTS.md, "Forward vs HF"); the live
-      scores are one tile's.
+      CPU backend runs faster than batched dots (3-4x: benchmarks/history.md, "One-frame full
+      attention" and "Experiments (bench_profile.py ...)"); the live scores are one tile's.
     - otherwise (GPU / TPU): all tiles and heads at once as batched dots, the window in steps of B
       key rows with an online softmax: the live scores are [T, H, B, B], linear in N.
 

@@ -26,7 +26,8 @@ class Numerics:
     CPUs without bf16 dot instructions, where XLA's bf16 dot is slower than its float32 one.
 
     `tile_loops=True` runs full attention's (head, tile) problems one after another as 2-D dots
-    (XLA's CPU backend runs those faster than batched dots: benchmarks/RESULTS.md, "Forward vs HF");
+    (XLA's CPU backend runs those 3-4x faster than batched dots: benchmarks/history.md, "One-frame
+    full attention" and "Experiments (bench_profile.py ...)");
     False batches them (GPUs and TPUs want few large kernels). The same arithmetic either way.
 
     `attention` picks who runs the attention core: "xla" (the schedules in this module: the
@@ -39,7 +40,8 @@ class Numerics:
     added columns / rows: exactly the same outputs (act(0) = 0 for every activation here). TPUs
     take 128: an MLP stack whose width is not a multiple of the 128-lane tile (the 3B tower's 3420)
     is stored in another layout than the layer loop reads, and XLA copies the whole stacks at every
-    call (the temp memory it cost: benchmarks/RESULTS.md, "Deviceless accelerators").
+    call (the temp memory it cost: benchmarks/RESULTS.md, "Deviceless accelerators"; how: history.md,
+    "Accelerators, ahead of time").
     """
 
     dtype: str = "float32"

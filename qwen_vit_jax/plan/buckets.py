@@ -58,9 +58,9 @@ class BucketPolicy:
 
     `frame_block` is the block of a chunk that is a single frame (an image): its blocks never
     straddle frames, and XLA's CPU dots run full attention's tiles faster with 512 query
-    rows than with 128 (benchmarks/bench_profile.py --parts attn; benchmarks/RESULTS.md, "Forward
-    vs HF"); multi-frame chunks keep `block`, so the blocks that straddle two frames cost
-    little.
+    rows than with 128 (benchmarks/bench_profile.py --parts attn; benchmarks/history.md, "AMD Zen 5,
+    2026-12-01 (third session)": 42.8 against 62.1 ms a layer); multi-frame chunks keep `block`,
+    so the blocks that straddle two frames cost little.
 
     `tight=True` rounds each chunk's rows only as far as attention blocks need instead of up to a
     rung (`padded_rows`), and sizes its attention tiles to the chunk's frames (kernels.choose_tiles;
@@ -157,8 +157,7 @@ def _snap(r: int, block: int) -> int:
 @functools.lru_cache(maxsize=32)
 def rung_table(policy: BucketPolicy) -> tuple[int, ...]:
     """The ladder from min_patches until past 2 * MAX_PATCHES (every valid grid has a rung), as
-    Python ints: `rung` bisects it on every uncached plan (faster than np.searchsorted on an
-    array: benchmarks/RESULTS.md, "Host plans vs HF")."""
+    Python ints: `rung` bisects it on every uncached plan."""
     rungs = [_snap(policy.min_patches, policy.block)]
     k = 0
     while rungs[-1] < 2 * MAX_PATCHES:

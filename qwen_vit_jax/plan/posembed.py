@@ -31,6 +31,8 @@ import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
 
+from .grid import as_grid
+
 
 @numba.njit(cache=True)
 def _axis_taps(pos, size, side, align_corners):
@@ -158,21 +160,10 @@ def _fill_bicubic(grid, side, m, align_corners, idx, wts):
 
 
 def _check_grid(grid_thw, cfg: VisionConfig) -> np.ndarray:
-    """grid_thw as int64 [k, 3], validated: positive, h and w multiples of the merge size."""
+    """grid_thw as int64 [k, 3], checked by as_grid: positive, h and w multiples of the merge size."""
     if cfg.num_position_embeddings <= 0:
         raise ValueError(f"{cfg.variant} has no learned position table (num_position_embeddings is 0)")
-    g = np.asarray(grid_thw)
-    if g.ndim != 2 or g.shape[1] != 3 or g.shape[0] == 0:
-        raise ValueError(f"grid_thw must be a non-empty [k, 3] array, got shape {g.shape}")
-    if not np.issubdtype(g.dtype, np.integer):
-        raise ValueError(f"grid_thw must hold integers, got dtype {g.dtype}")
-    g = g.astype(np.int64)
-    if (g <= 0).any():
-        raise ValueError(f"grid_thw entries must be positive, got {g.tolist()}")
-    m = cfg.spatial_merge_size
-    if (g[:, 1:] % m).any():
-        raise ValueError(f"grid h and w must be multiples of spatial_merge_size {m}, got {g.tolist()}")
-    return g
+    return as_grid(grid_thw, merge=cfg.spatial_merge_size).array
 
 
 def interpolation_indices_weights(

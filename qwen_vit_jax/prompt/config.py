@@ -1,10 +1,12 @@
-"""What the language model's inputs need to know about a checkpoint: its family's token ids and
-position rules (`PromptConfig`), read once from the checkpoint's HF config (`prompt_config`), and
-the modality of every prompt token (`token_types`).
+"""What the language model's inputs need to know about a checkpoint: its family's token ids,
+position and rotary rules, and its text model's rotary numbers (`PromptConfig`), read once from the
+checkpoint's HF config (`prompt_config`).
 
-HF 5.x spells `get_rope_index` once per family; the differences are a few knobs, kept here as a
-row per family (`RULES`, as `families.TOWERS` is for towers). The numba kernel (kernels.py) reads
-the row; HF's code is the reference in tests, never the template. No torch, transformers or jax.
+HF 5.x spells `get_rope_index` and the text rotary module once per family; the differences are a
+few knobs, kept here as a row per family (`RULES`, as `families.TOWERS` is for towers). The numba
+kernel (kernels.py) reads the row as ints (`PromptConfig.knobs`, built with the config);
+rotary.py reads its rotary part. HF's code is the reference in tests, never the template. No
+torch, transformers or jax.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import threading
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
+from qwen_vit_jax.families import OMNI
 from qwen_vit_jax.weights.convert import HF_CONFIG_FILE
 from qwen_vit_jax.weights.hf_read import CONFIG_FILE
 from qwen_vit_jax.weights.sources import CONVERTED, resolve_source
+
+from .rope_config import HALVES, INTERLEAVE, PAIRS, SECTIONS, TextRotary, read_text_rotary, text_fields
 
 # Token types, as HF's processors write `mm_token_type_ids`.
 TEXT, IMAGE, VIDEO, AUDIO = 0, 1, 2, 3
@@ -43,18 +48,24 @@ AUDIO_NONE, AUDIO_QWEN2_5_OMNI, AUDIO_QWEN3_OMNI = 0, 1, 2
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RopeRules:
-    """One family's rules for prompt positions (a row of `RULES`).
+    """One family's rules for prompt positions and the text rotary (a row of `RULES`).
 
     split_frames: a video of t temporal patches is t runs of one frame each (text, e.g. timestamps,
         between them): Qwen3-VL, Qwen3.5, Qwen4-Exp, GLM-4V.
     time, advance, audio_in_video, audio_len: the constants above.
     pad_position: what HF writes at padded (attention_mask 0) positions.
     text_fallback: with no image and no video grid at all, HF takes its text-only branch
-        (positions cumsum(mask) - 1, pads `pad_position`, deltas max + 1 - length): the Omni thinkers.
+        (positions cumsum(mask) - 1, pads 1, deltas max + 1 - length): the Omni thinkers.
     glm_types: image tokens between <|begin_of_video|> and <|end_of_video|> are video tokens (GLM-4V
         uses one placeholder id for both).
-    integral_time: HF's temporal positions are floats and may be fractional (Qwen3-Omni): a fractional
-        one cannot be returned as int64 and raises.
+    float_positions: HF keeps positions and deltas as float32, a video's time possibly fractional
+        (frame * second_per_grid_ts * position_id_per_seconds): Qwen3-Omni. Otherwise int64.
+    mrope: how the frequencies read the t / h / w rows (rope_config.SECTIONS or INTERLEAVE);
+        mrope_section: HF's default when the config gives none.
+    rotate: rope_config.HALVES (the table [f, f], rotate_half) or PAIRS (each frequency twice in
+        place, pairs rotated: GLM-4.1V's rotate_half_llm).
+    partial_rotary: HF's default rotary init reads `partial_rotary_factor` (the rest of a head passes
+        through): Qwen3.5, Qwen3.5-MoE, Qwen4-Exp, GLM-4V.
     """
 
     split_frames: bool = False
@@ -65,42 +76,58 @@ class RopeRules:
     pad_position: int = 0
     text_fallback: bool = False
     glm_types: bool = False
-    integral_time: bool = False
+    float_positions: bool = False
+    mrope: str = SECTIONS
+    mrope_section: tuple[int, ...] = (16, 24, 24)
+    rotate: str = HALVES
+    partial_rotary: bool = False
 
 
 _QWEN2 = RopeRules()
-_QWEN3 = RopeRules(split_frames=True)
+_QWEN3 = RopeRules(split_frames=True, mrope=INTERLEAVE, mrope_section=(24, 20, 20))
+_QWEN3_5 = dataclasses.replace(_QWEN3, mrope_section=(11, 11, 10), partial_rotary=True)
+_GLM = RopeRules(split_frames=True, glm_types=True, mrope_section=(8, 12, 12), partial_rotary=True)
+_OMNI = RopeRules(time=TIME_OMNI, advance=ADVANCE_MAX, text_fallback=True)
 RULES = {
     "qwen2_vl": _QWEN2,
     "qwen2_5_vl": RopeRules(time=TIME_TPS),
     "qwen3_vl": _QWEN3,
     "qwen3_vl_moe": _QWEN3,
-    "qwen3_5": _QWEN3,
-    "qwen3_5_moe": _QWEN3,
-    "qwen4_exp": _QWEN3,
+    "qwen3_5": _QWEN3_5,
+    "qwen3_5_moe": _QWEN3_5,
+    "qwen4_exp": _QWEN3_5,
     "paddleocr_vl": _QWEN2,
-    "glm4v": RopeRules(split_frames=True, glm_types=True),
-    "glm4v_moe": RopeRules(split_frames=True, glm_types=True),
-    "qwen2_5_omni": RopeRules(
-        time=TIME_OMNI,
-        advance=ADVANCE_MAX,
-        audio_in_video=AIV_CHUNKS,
-        audio_len=AUDIO_QWEN2_5_OMNI,
-        pad_position=1,
-        text_fallback=True,
-    ),
-    "qwen3_omni_moe": RopeRules(
-        time=TIME_OMNI,
-        advance=ADVANCE_MAX,
+    "glm4v": dataclasses.replace(_GLM, rotate=PAIRS),
+    "glm4v_moe": _GLM,
+    "qwen2_5_omni": dataclasses.replace(_OMNI, audio_in_video=AIV_CHUNKS, audio_len=AUDIO_QWEN2_5_OMNI, pad_position=1),
+    "qwen3_omni_moe": dataclasses.replace(
+        _OMNI,
         audio_in_video=AIV_MERGE,
         audio_len=AUDIO_QWEN3_OMNI,
-        pad_position=0,
-        text_fallback=True,
-        integral_time=True,
+        float_positions=True,
+        mrope=INTERLEAVE,
+        mrope_section=(24, 20, 20),
     ),
 }
-OMNI = ("qwen2_5_omni", "qwen3_omni_moe")
-GLM = ("glm4v", "glm4v_moe")
+# PromptConfig.knobs: the row as the kernel reads it, int64 [N_KNOBS].
+(
+    K_MERGE,
+    K_SPLIT,
+    K_ADVANCE,
+    K_AIV,
+    K_PAD,
+    K_IMAGE,
+    K_VIDEO,
+    K_AUDIO,
+    K_GLM,
+    K_VSTART_GLM,
+    K_VEND_GLM,
+    K_VSTART,
+    K_ASTART,
+    K_TPC,
+    N_KNOBS,
+) = range(15)
+NO_ID = -(1 << 62)  # an id no token has (a family without that token)
 
 # HF 5.x's config-class defaults, used where a config.json leaves a field out (as HF would).
 _QWEN_IDS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653)
@@ -156,6 +183,9 @@ class PromptConfig:
     tokens_per_second: Qwen2.5-VL's vision_config.tokens_per_second. position_id_per_seconds,
     seconds_per_chunk, audio_n_window: the Omni thinkers' (audio_n_window: Qwen3-Omni's
     audio_config.n_window, its audio-token count).
+    rotary: the text model's rotary numbers (`mrope_tables` needs them; None: not known, e.g. a
+    config built by hand).
+    knobs: the family's row and token ids as the kernel reads them (int64, read-only; built here).
     """
 
     family: str
@@ -177,6 +207,8 @@ class PromptConfig:
     seconds_per_chunk: float = 2.0
     audio_n_window: int = 50
     rules: RopeRules | None = None
+    rotary: TextRotary | None = None
+    knobs: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.family not in RULES:
@@ -189,6 +221,32 @@ class PromptConfig:
             raise ValueError(f"PromptConfig({self.family}): GLM-4V needs video_start_token_id and video_end_token_id")
         if self.rules.audio_in_video and (self.vision_start_token_id is None or self.audio_start_token_id is None):
             raise ValueError(f"PromptConfig({self.family}): needs vision_start_token_id and audio_start_token_id")
+        object.__setattr__(self, "knobs", _knobs(self))
+
+
+def _knobs(cfg: PromptConfig) -> np.ndarray:
+    r = cfg.rules
+
+    def tid(v):
+        return NO_ID if v is None else v
+
+    k = np.zeros(N_KNOBS, np.int64)
+    k[K_MERGE] = cfg.spatial_merge_size
+    k[K_SPLIT] = r.split_frames
+    k[K_ADVANCE] = r.advance
+    k[K_AIV] = r.audio_in_video
+    k[K_PAD] = r.pad_position
+    k[K_IMAGE] = cfg.image_token_id
+    k[K_VIDEO] = tid(cfg.video_token_id)
+    k[K_AUDIO] = tid(cfg.audio_token_id)
+    k[K_GLM] = r.glm_types
+    k[K_VSTART_GLM] = tid(cfg.video_start_token_id)
+    k[K_VEND_GLM] = tid(cfg.video_end_token_id)
+    k[K_VSTART] = tid(cfg.vision_start_token_id)
+    k[K_ASTART] = tid(cfg.audio_start_token_id)
+    k[K_TPC] = int(cfg.position_id_per_seconds * cfg.seconds_per_chunk)  # HF: int(pps * seconds_per_chunk)
+    k.setflags(write=False)
+    return k
 
 
 _CACHE: dict[str | tuple[str, str], PromptConfig] = {}
@@ -289,7 +347,8 @@ def config_from_dict(d: dict, where: str = "HF config") -> PromptConfig:
             )
         return defaults.get(key, default)
 
-    glm = family in GLM
+    rules = RULES[family]
+    glm = rules.glm_types
     try:
         deepstack = bool(VisionConfig.from_hf(thinker).deepstack_layers) if family != "paddleocr_vl" else False
     except ValueError as e:
@@ -315,36 +374,9 @@ def config_from_dict(d: dict, where: str = "HF config") -> PromptConfig:
         position_id_per_seconds=float(field("position_id_per_seconds", 25)),
         seconds_per_chunk=float(field("seconds_per_chunk", 2)),
         audio_n_window=int(audio.get("n_window", 50)),
+        rotary=read_text_rotary(family, text_fields(family, thinker), rules.mrope_section, rules.partial_rotary, where),
     )
 
 
 def _opt(v) -> int | None:
     return None if v is None else int(v)
-
-
-def token_types(cfg: PromptConfig, input_ids) -> np.ndarray:
-    """The modality of every token, as HF's processor of the family writes `mm_token_type_ids`.
-
-    Args:
-        cfg: a PromptConfig (or anything `prompt_config` takes).
-        input_ids: int [B, L] (or [L]).
-    Returns:
-        int32 [B, L] (or [L]): 0 text, 1 image, 2 video, 3 audio. GLM-4V: image tokens between
-        <|begin_of_video|> and <|end_of_video|> are video (2), as Glm4vProcessor types them.
-    """
-    cfg = prompt_config(cfg)
-    ids = np.asarray(input_ids)
-    if ids.ndim not in (1, 2) or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"input_ids must be an integer array [B, L] or [L], got {ids.dtype} {ids.shape}")
-    out = np.zeros(ids.shape, np.int32)
-    if cfg.rules.glm_types:
-        # inside a video segment: more <|begin_of_video|> than <|end_of_video|> so far (inclusive)
-        inside = np.cumsum(ids == cfg.video_start_token_id, axis=-1) > np.cumsum(ids == cfg.video_end_token_id, axis=-1)
-        image = ids == cfg.image_token_id
-        out[image & inside] = VIDEO
-        out[image & ~inside] = IMAGE
-        return out
-    for tid, kind in ((cfg.image_token_id, IMAGE), (cfg.video_token_id, VIDEO), (cfg.audio_token_id, AUDIO)):
-        if tid is not None:
-            out[ids == tid] = kind
-    return out

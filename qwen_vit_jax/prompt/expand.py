@@ -29,15 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .config import prompt_config
-
-
-def _grids(name: str, grid) -> np.ndarray:
-    if grid is None:
-        return np.zeros((0, 3), np.int64)
-    g = np.asarray(grid)
-    if g.ndim != 2 or g.shape[1] != 3 or not np.issubdtype(g.dtype, np.integer) or (g < 1).any():
-        raise ValueError(f"{name} must be positive integers [n, 3] (t, h, w), got {g.dtype} {g.shape}")
-    return g.astype(np.int64)
+from .positions import grid
 
 
 def _rows(input_ids) -> tuple[list[np.ndarray], bool]:
@@ -93,7 +85,8 @@ def expand_placeholders(
     """
     cfg = prompt_config(source)
     rows, single = _rows(input_ids)
-    grids = {"image": _grids("image_grid_thw", image_grid_thw), "video": _grids("video_grid_thw", video_grid_thw)}
+    m = cfg.spatial_merge_size
+    grids = {"image": grid(image_grid_thw, m, "image_grid_thw"), "video": grid(video_grid_thw, m, "video_grid_thw")}
     audio = np.zeros(0, np.int64) if audio_tokens is None else np.asarray(audio_tokens, np.int64).reshape(-1)
     if (audio < 1).any():
         raise ValueError(f"audio_tokens must be positive, got {audio.tolist()}")

@@ -30,30 +30,30 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numba
 import numpy as np
 
-from .config import AUDIO, IMAGE, TEXT, VIDEO, prompt_config
+from .config import prompt_config
+from .positions import NOT_GIVEN, run
 
-_KINDS = ((IMAGE, "image"), (VIDEO, "video"), (AUDIO, "audio"))
 
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True, eq=False)  # not frozen: its __init__ would cost lm_inputs 1.5 µs of ~20
 class SplicePlan:
     """Where every prompt position takes its embedding from (built on the host by `plan_splice`).
 
     rows: int32 [B, L]: the row of the table [text (B * L); image; video; audio] position (b, l) takes.
     visual_pos_masks: bool [B, L]: the image and video positions whose embeddings were given (HF's
-        Qwen3-VL `visual_pos_masks`; what the deepstack features are added at).
+        Qwen3-VL `visual_pos_masks`; what the deepstack features are added at). None for a family
+        without deepstack (its language model takes none), as is deepstack_rows.
     deepstack_rows: int32 [V], V = visual_pos_masks.sum(): the row of [image deepstack; video
         deepstack] each visual position takes, in row-major order (HF's joint deepstack tensor).
     image_rows, video_rows, audio_rows: the feature rows the plan expects (None: none given, the
         placeholder tokens keep their text embeddings, as in HF). Static: part of the tree's structure.
+    A value: build a new plan rather than change one.
     """
 
     rows: np.ndarray
-    visual_pos_masks: np.ndarray
-    deepstack_rows: np.ndarray
+    visual_pos_masks: np.ndarray | None
+    deepstack_rows: np.ndarray | None
     image_rows: int | None = None
     video_rows: int | None = None
     audio_rows: int | None = None
@@ -66,109 +66,11 @@ jax.tree_util.register_dataclass(
 )
 
 
-@numba.njit(cache=True)
-def _plan_rows(ids, types, have_types, glm, tok, n_image, n_video, n_audio, rows, visual, deepstack_rows):
-    """One pass over the prompt [B, L]: each position's table row, the visual mask and the joint
-    deepstack rows; the token types as `token_types` (or `types` when given).
-
-    tok: int64 [6]: image, video, audio placeholder ids, GLM's video start / end ids (-1: none), and
-        whether GLM typing applies (tok[5]). n_image, n_video, n_audio: the rows given of each kind
-        (-1: not given). Out: rows int32 [B, L], visual bool [B, L], deepstack_rows int32 [B * L] (its
-        first V used). Returns (V, image tokens, video tokens, audio tokens)."""
-    nb, length = ids.shape
-    n = nb * length
-    want = (n_image, n_video, n_audio)
-    # the table: [text (B * L); image rows; video rows; audio rows], a kind not given adds no rows
-    base = (n, n + max(n_image, 0), n + max(n_image, 0) + max(n_video, 0))
-    n_image_rows = max(n_image, 0)  # the joint deepstack table: [image rows; video rows]
-    found = [0, 0, 0]
-    v = 0
-    for b in range(nb):
-        depth = 0  # GLM: <|begin_of_video|> seen minus <|end_of_video|> seen, this row, inclusive
-        for l in range(length):
-            p = b * length + l
-            t = ids[b, l]
-            rows[b, l] = p
-            if have_types:
-                k = types[b, l]
-            elif glm:
-                if t == tok[3]:
-                    depth += 1
-                elif t == tok[4]:
-                    depth -= 1
-                k = 0
-                if t == tok[0]:
-                    k = 2 if depth > 0 else 1
-            elif t == tok[0]:
-                k = 1
-            elif t == tok[1]:
-                k = 2
-            elif t == tok[2]:
-                k = 3
-            else:
-                k = 0
-            if k == 0:
-                continue
-            i = found[k - 1]
-            found[k - 1] = i + 1
-            if want[k - 1] < 0:
-                continue  # not given: the token keeps its text row (HF)
-            rows[b, l] = base[k - 1] + i
-            if k < 3:
-                visual[b, l] = True
-                deepstack_rows[v] = i if k == 1 else n_image_rows + i
-                v += 1
-    return v, found[0], found[1], found[2]
-
-
-_NO_TYPES = np.zeros((0, 0), np.int32)
-
-
-def _types(cfg, ids, mm_token_type_ids) -> np.ndarray:
-    if mm_token_type_ids is None:
-        return _NO_TYPES
-    types = np.asarray(mm_token_type_ids)
-    if types.shape != ids.shape:
-        raise ValueError(f"mm_token_type_ids has shape {types.shape}, input_ids {ids.shape}: they must be equal")
-    bad = ~np.isin(types, (TEXT, IMAGE, VIDEO, AUDIO))
-    if bad.any():
-        b, l = np.argwhere(bad)[0]
-        raise ValueError(f"mm_token_type_ids[{b}, {l}] is {types[b, l]}: types are 0 text, 1 image, 2 video, 3 audio")
-    return np.ascontiguousarray(types, np.int32)
-
-
-# id(PromptConfig) -> (cfg, its tok array): configs are few and immutable; saves building the array
-# on every call (bench_positions.py, the one-image prompt)
-_TOKENS: dict[int, tuple] = {}
-
-
-def _tokens(cfg) -> tuple[np.ndarray, bool]:
-    """(tok, whether GLM typing applies) of a config, built once per config object."""
-    hit = _TOKENS.get(id(cfg))
-    if hit is not None and hit[0] is cfg:
-        return hit[1]
-    glm = bool(cfg.rules.glm_types)
-    ids = (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id, cfg.video_start_token_id, cfg.video_end_token_id)
-    tok = np.array([-1 if i is None else i for i in ids] + [int(glm)], np.int64)
-    _TOKENS[id(cfg)] = (cfg, (tok, glm))
-    return tok, glm
-
-
-def _count_error(found, want):
-    """HF's get_placeholder_mask check: the first kind whose token count differs from its rows."""
-    for k in range(3):
-        if want[k] >= 0 and found[k] != want[k]:
-            name = _KINDS[k][1]
-            raise ValueError(
-                f"{name} features and {name} tokens do not match: input_ids hold {found[k]} {name} tokens, "
-                f"the {name} embeddings have {want[k]} rows"
-            )
-
-
 def plan_splice(
     source, input_ids, image_rows=None, video_rows=None, audio_rows=None, *, mm_token_type_ids=None
 ) -> SplicePlan:
-    """The host half of `splice`: one numba pass over the ids, nothing on the device.
+    """The host half of `splice`: one numba pass over the ids, nothing on the device (the kernel
+    `rope_index` and `lm_inputs` share).
 
     Args:
         source: what `prompt_config` takes (a checkpoint directory, its config.json, a hub id in the
@@ -185,53 +87,23 @@ def plan_splice(
         ValueError when a given count differs from the number of that modality's tokens (HF's
         get_placeholder_mask check), naming both.
     """
-    cfg = prompt_config(source)
-    ids = input_ids if type(input_ids) is np.ndarray else np.asarray(input_ids)
-    if ids.ndim != 2 or ids.dtype.kind not in "iu":
-        raise ValueError(f"input_ids must be an integer array [B, L], got {ids.dtype} {ids.shape}")
-    types = _types(cfg, ids, mm_token_type_ids)
-    if ids.dtype != np.int64 or not ids.flags.c_contiguous:
-        ids = np.ascontiguousarray(ids, np.int64)
-    want = (
-        -1 if image_rows is None else int(image_rows),
-        -1 if video_rows is None else int(video_rows),
-        -1 if audio_rows is None else int(audio_rows),
+    want = []
+    want_rows = (image_rows, video_rows, audio_rows)
+    for name, n in zip(("image_rows", "video_rows", "audio_rows"), want_rows):
+        if n is not None and (not isinstance(n, (int, np.integer)) or n < 0):
+            raise ValueError(f"{name} must be an int >= 0 or None, got {n!r}")
+        want.append(NOT_GIVEN if n is None else int(n))
+    _, _, rows, visual, deepstack_rows, _ = run(
+        prompt_config(source), input_ids, mm_token_type_ids=mm_token_type_ids, positions=False, splice=tuple(want)
     )
-    if (
-        (image_rows is not None and image_rows < 0)
-        or (video_rows is not None and video_rows < 0)
-        or (audio_rows is not None and audio_rows < 0)
-    ):
-        raise ValueError(
-            f"image_rows, video_rows, audio_rows must be >= 0 or None, got {(image_rows, video_rows, audio_rows)}"
-        )
-    tok, glm = _tokens(cfg)
-    rows = np.empty(ids.shape, np.int32)
-    visual = np.zeros(ids.shape, np.bool_)
-    deepstack_rows = np.empty(ids.size, np.int32)
-    got = _plan_rows(ids, types, types.size > 0, glm, tok, *want, rows, visual, deepstack_rows)
-    if (
-        (want[0] >= 0 and got[1] != want[0])
-        or (want[1] >= 0 and got[2] != want[1])
-        or (want[2] >= 0 and got[3] != want[2])
-    ):
-        _count_error(got[1:], want)
-    v = got[0]
-    return SplicePlan(
-        rows=rows,
-        visual_pos_masks=visual,
-        deepstack_rows=deepstack_rows[:v],
-        image_rows=want[0] if want[0] >= 0 else None,
-        video_rows=want[1] if want[1] >= 0 else None,
-        audio_rows=want[2] if want[2] >= 0 else None,
-    )
+    return SplicePlan(rows, visual, deepstack_rows, *(None if n is None else int(n) for n in want_rows))
 
 
 def _check_features(plan: SplicePlan, name: str, x, width: int):
     """x's static shape against the plan's count (a check of shapes only: fine under jit)."""
     expected = getattr(plan, f"{name}_rows")
     if x is None:
-        if expected is not None:
+        if expected:
             raise ValueError(f"the plan splices {expected} {name} rows, but no {name} embeddings were given")
         return
     if expected is None:
@@ -299,6 +171,8 @@ def apply_deepstack(plan: SplicePlan, image_deepstack=None, video_deepstack=None
     Returns:
         list of [V, D] arrays, V = plan.visual_pos_masks.sum().
     """
+    if plan.deepstack_rows is None:
+        raise ValueError("apply_deepstack: the plan has no deepstack rows (its family's language model takes none)")
     widths: set[int] = set()
     img = _layers("image", image_deepstack, plan.image_rows, widths)
     vid = _layers("video", video_deepstack, plan.video_rows, widths)

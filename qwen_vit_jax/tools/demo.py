@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw
 from PIL.PngImagePlugin import PngInfo
 
 from qwen_vit_jax.config import VisionConfig, dtype_named
-from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN3_5, QWEN3_FAMILY
+from qwen_vit_jax.families import GLM4V, OMNI, PADDLEOCR_VL, QWEN3_5, QWEN3_FAMILY
 from qwen_vit_jax.preprocess.config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from qwen_vit_jax.presets import (
     GLM_4_1V_9B,
@@ -41,7 +41,7 @@ from qwen_vit_jax.presets import (
     QWEN4_EXP,
 )
 from qwen_vit_jax.tools.args import default_cache_dir
-from qwen_vit_jax.tools.hf_reference import OMNI_FAMILIES, hf_config
+from qwen_vit_jax.tools.hf_reference import hf_config
 from qwen_vit_jax.weights.keys import RULES, dims_to_shape
 from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
@@ -147,7 +147,7 @@ def random_hf_tensors(cfg: VisionConfig, seed: int = 0, dtype: str = "float32") 
     """
     out_dtype = dtype_named(dtype)
     rng = np.random.default_rng(seed)
-    prefix = "thinker.visual." if cfg.hf_family in OMNI_FAMILIES else "visual."
+    prefix = "thinker.visual." if cfg.hf_family in OMNI else "visual."
     tensors = {}
     for rule in RULES:
         if not rule.applies(cfg):

@@ -23,7 +23,7 @@ import pathlib
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL
+from qwen_vit_jax.families import GLM4V, OMNI, PADDLEOCR_VL, QWEN2_5_VL, QWEN3_FAMILY, QWEN3_VL
 
 
 # ---- the parity bars (docs/numerics.md, "Tolerances") ---------------------------------------------
@@ -201,7 +201,6 @@ _HF_CLASSES = {
         "Glm4vMoeVisionModel",
     ),
 }
-OMNI_FAMILIES = ("qwen3_omni_moe", "qwen2_5_omni")  # the tower sits in the thinker
 # GLM's text models: rotary over half the head (mrope_section sums to head_dim / 4).
 TEXT_CONFIG_GLM4V = dict(
     TEXT_CONFIG_QWEN3,
@@ -235,7 +234,7 @@ def text_config(cfg: VisionConfig) -> dict:
 
 def _vision_model_type(cfg: VisionConfig) -> str:
     """HF's vision model_type of `cfg`'s family ("qwen3_vl_vision", "qwen3_omni_moe_vision_encoder")."""
-    return f"{cfg.hf_family}_vision" + ("_encoder" if cfg.hf_family in OMNI_FAMILIES else "")
+    return f"{cfg.hf_family}_vision" + ("_encoder" if cfg.hf_family in OMNI else "")
 
 
 def hf_vision_config(cfg: VisionConfig) -> dict:
@@ -310,7 +309,7 @@ def hf_config(cfg: VisionConfig, dtype: str = "float32") -> dict:
     a tiny audio encoder and no talker)."""
     module, arch, *_ = _HF_CLASSES[cfg.hf_family]
     text = dict(text_config(cfg), model_type=f"{module}_text")
-    if cfg.hf_family in OMNI_FAMILIES:
+    if cfg.hf_family in OMNI:
         del text["model_type"]  # the thinker's own text config class reads it
         thinker = {
             "model_type": f"{module}_thinker",
@@ -386,7 +385,7 @@ def build_hf_model(cfg: VisionConfig, seed: int = 0):
     import torch
 
     full_cls, _, _, model_cls = _hf_classes(cfg.hf_family)
-    if cfg.hf_family in OMNI_FAMILIES:
+    if cfg.hf_family in OMNI:
         hf_cfg = full_cls(thinker_config=hf_config(cfg)["thinker_config"], enable_audio_output=False)
     else:
         hf_cfg = full_cls(text_config=dict(text_config(cfg)), vision_config=hf_vision_config(cfg))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.families import GLM4V, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL
+from qwen_vit_jax.families import GLM4V, OMNI, PADDLEOCR_VL, QWEN2_5_VL, QWEN2_VL, QWEN3_5, QWEN3_VL
 
 
 def _identity(w, cfg):
@@ -70,13 +70,13 @@ def dims_to_shape(spec: str, cfg: VisionConfig) -> tuple[int, ...]:
 # Key layouts: how a family spells its tower's tensors. Most families spell them as their variant
 # does ("native"); the Omni thinkers keep older names (Qwen3-Omni: the merger as `ln_q` / `mlp.0` /
 # `mlp.2`, the deepstack mergers as `merger_list.k`; Qwen2.5-Omni: separate `q` / `k` / `v`).
-NATIVE, OMNI3, OMNI25 = "native", "qwen3_omni_moe", "qwen2_5_omni"
+NATIVE, OMNI3, OMNI25 = "native", "qwen3_omni_moe", "qwen2_5_omni"  # layouts, named for their families
 LAYOUTS = (NATIVE, OMNI3, OMNI25)
 
 
 def key_layout(cfg: VisionConfig) -> str:
     """The key layout of `cfg`'s checkpoint family (one of LAYOUTS)."""
-    return cfg.hf_family if cfg.hf_family in (OMNI3, OMNI25) else NATIVE
+    return cfg.hf_family if cfg.hf_family in OMNI else NATIVE
 
 
 @dataclasses.dataclass(frozen=True)
