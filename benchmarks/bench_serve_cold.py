@@ -15,10 +15,11 @@ by C clients in a closed loop (C from --clients). Scenarios, each a fresh server
                       form compile before /readyz (time to ready: the warm-up)
   restart             ours again on the compilation cache the warm-up filled: ready in seconds
 
-Reported per scenario and C: seconds to ready, images/s (answered images over the loop's wall
-time), device calls and calls of one item (from /metrics), programs compiled or loaded during the
-loop, and the server's RSS (its process and workers) peak during the loop and at its end. The
-scenarios alternate within each round (--rounds): the box is shared, so compare within a round.
+Reported per scenario and C: seconds to ready, images/s (answered images over the loop's wall time;
+the answers' statuses beside: a cold server may meet its --timeout), device calls and calls of one
+item (from /metrics), programs compiled or loaded during the loop, and the server's RSS (its process
+and workers) peak during the loop and at its end. The scenarios alternate within each round
+(--rounds): the box is shared, so compare within a round.
 Prints a markdown table and writes benchmarks/results/serve-cold[-3b].json.
 """
 
@@ -49,9 +50,7 @@ def one(ckpt: str, tree, environ: dict, flags: list, clients: int, blobs: list[b
             results, wall = asyncio.run(st.closed_loop(server.url, [request(b) for b in blobs], clients, timeout=600))
         m1 = st.metrics(server.url)
         end = server.rss_mb()
-    ok = sum(r.items for r in results if r.status == 200)
-    if ok != len(blobs):
-        raise RuntimeError(f"{label}: not every request answered: {st.statuses(results)}")
+    ok = sum(r.items for r in results if r.status == 200)  # images/s counts these; the rest are reported
 
     def delta(k):
         return m1.get(k, 0.0) - m0.get(k, 0.0)
@@ -59,6 +58,7 @@ def one(ckpt: str, tree, environ: dict, flags: list, clients: int, blobs: list[b
     out = {
         "ready_s": ready,
         "images_per_s": ok / wall,
+        "statuses": {str(k): v for k, v in st.statuses(results).items()},  # a cold 3B server meets its timeout
         "calls": delta("qvj_batch_items_count"),
         "alone": delta("qvj_batch_items_bucket{le=1.0}"),
         "programs": delta("qvj_programs"),
@@ -68,7 +68,7 @@ def one(ckpt: str, tree, environ: dict, flags: list, clients: int, blobs: list[b
     }
     log(f"{label}, {clients} clients: ready {ready:.1f} s, {out['images_per_s']:.2f} images/s, "
         f"{out['calls']:.0f} calls ({out['alone']:.0f} of one item), {out['programs']:.0f} programs, "
-        f"RSS peak {out['rss_peak_mb']:.0f} MB")  # fmt: skip
+        f"RSS peak {out['rss_peak_mb']:.0f} MB, statuses {out['statuses']}")  # fmt: skip
     return out
 
 
@@ -118,10 +118,11 @@ def main():
             label, c, f"{med('ready_s'):.1f}", " / ".join(f"{x['images_per_s']:.2f}" for x in rs),
             f"{med('calls'):.0f} ({med('alone'):.0f})", f"{med('programs_at_ready'):.0f} + {med('programs'):.0f}",
             f"{med('rss_peak_mb'):.0f} / {med('rss_end_mb'):.0f}",
+            " / ".join(",".join(f"{k}: {v}" for k, v in x["statuses"].items()) for x in rs),
         ])  # fmt: skip
     cmd = "python benchmarks/bench_serve_cold.py " + " ".join(sys.argv[1:])
     headers = ["server", "clients", "ready s", "images/s", "calls (of one item)", "programs at ready + in loop",
-               "RSS peak / end MB"]  # fmt: skip
+               "RSS peak / end MB", "statuses"]  # fmt: skip
     print(f"\n{machine_line()}\n`{cmd}`\n\n" + markdown_table(headers, rows))
     out = args.out or default_out("serve-cold" + ("-3b" if args.model == "3b" else ""), False)
     write_json(out, {"command": cmd, "runs": {f"{k[0]} / {k[1]}": v for k, v in runs.items()}})
