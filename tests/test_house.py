@@ -16,6 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "qwen_vit_jax"
 # Lowest first: a module may import its own subpackage's modules and any lower layer, nothing else.
 LAYERS = {
     "files": 0,
+    "errors": 0,
     "processes": 0,
     "families": 1,
     "config": 2,
@@ -34,7 +35,7 @@ LAYERS = {
 }
 MAX_LINES = 600
 _LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use
-MAX_TOP_MODULES = 6
+MAX_TOP_MODULES = 7
 
 
 def _modules() -> dict[str, pathlib.Path]:
