@@ -293,6 +293,8 @@ _FLAGS = (
     ("resuming continues", "--resume continues"),
     ("keep_going skips", "--keep-going skips"),
     ("fps=2 is what", "--fps 2 is what"),
+    ("(max_frames= raises it)", "(--max-frames raises it)"),
+    ("up to max_frames", "up to --max-frames"),
 )
 
 
@@ -320,7 +322,7 @@ class _Shown:
             self.closed = True
         elif not update.finished:
             self.bar.total = update.total  # an input that failed leaves the count
-            self.bar.update_to(update.done)
+            self.bar.update_to(update.done, None if update.frames is None else (*update.frames, "frames"))
 
 
 def _left(records: list, held: Counter) -> list:
