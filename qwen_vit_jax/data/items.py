@@ -85,8 +85,8 @@ class Item:
     frames: frames sampled (1 for an image). note: a line for the log. capped: a line when a
     video's max_frames changed what was asked. seconds: its preparation time (up to its first
     piece). error: "Type: message" when it could not be prepared (then no pieces); failure: the
-    errors kind of that ("bad_input", "too_large", "unsupported", or "missing" for a decoder this
-    machine lacks).
+    errors kind of that ("bad_input", "too_large", "unsupported"; "missing" for a decoder this
+    machine lacks; None for another library's error, e.g. Pillow's).
     """
 
     name: str
@@ -180,6 +180,7 @@ def _image(job: Job, source, p: Preprocessing, fast_decode: bool) -> Item:
 
 def _video(job: Job, source, p: Preprocessing, limits: Limits, budget: int | None) -> Item:
     from qwen_vit_jax.preprocess.video import open_plan, video_pieces
+    from qwen_vit_jax.preprocess.video_io import named
 
     cfg = p.with_limits(fps=job.fps).video if job.fps is not None else p.video
     digest = job.digest or _digest(source)
@@ -187,13 +188,13 @@ def _video(job: Job, source, p: Preprocessing, limits: Limits, budget: int | Non
     t, h, w = plan.grid
     if limits.frame_patches is not None and h * w > limits.frame_patches:
         raise TooLarge(
-            f"{job.name}: each frame is {h}x{w} = {h * w:,} patches; at most {limits.frame_patches:,} per frame",
+            named(job.name, f"each frame is {h}x{w} = {h * w:,} patches; at most {limits.frame_patches:,} per frame"),
             limit="max_item_patches",
         )
     if limits.video_patches is not None and plan.patches > limits.video_patches:
         raise TooLarge(
-            f"{job.name}: {plan.frames} frames of {h}x{w} patches = {plan.patches:,} patches; at most "
-            f"{limits.video_patches:,} per video (fewer frames: fps or max_frames)",
+            named(job.name, f"{plan.frames} frames of {h}x{w} = {plan.patches:,} patches; at most ")
+            + f"{limits.video_patches:,} per video (fewer frames: fps or max_frames)",
             limit="max_video_patches",
         )
     ts = plan.timestamps
@@ -237,8 +238,8 @@ def failed(name: str, e: BaseException, where: str = "", seconds: float = 0.0) -
     """The item of a job that could not be prepared: its error in words and its kind."""
     if isinstance(e, ImportError):  # a decoder this machine lacks: not the input's fault
         kind = "missing"
-    else:
-        kind = e.kind if isinstance(e, Error) else "bad_input"
+    else:  # None: a failure without a type of ours (a decoder's own error): bad input all the same
+        kind = e.kind if isinstance(e, Error) else None
     return Item(name, error=f"{where}{type(e).__name__}: {e}", failure=kind, seconds=seconds)
 
 

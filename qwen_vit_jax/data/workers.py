@@ -87,7 +87,7 @@ class WorkerDied(RuntimeError):
         self.reason = reason
 
 
-_END = object()
+END = object()  # what `Task.next()` gives after the last message
 
 
 class Task:
@@ -103,8 +103,8 @@ class Task:
         self._waiter: concurrent.futures.Future | None = None
 
     def next(self) -> concurrent.futures.Future:
-        """A future of the next message; its exception is the task's failure (WorkerDied, or what
-        the job raised in a thread pool), StopIteration after the last message."""
+        """A future of the next message (END after the last one); its exception is the task's
+        failure (WorkerDied, or what the job raised in a thread pool)."""
         f: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             if self._items:
@@ -116,11 +116,8 @@ class Task:
 
     def __iter__(self) -> Iterator:
         try:
-            while True:
-                try:
-                    yield self.next().result()
-                except StopIteration:
-                    return
+            while (message := self.next().result()) is not END:
+                yield message
         finally:
             self.cancel()
 
@@ -130,7 +127,7 @@ class Task:
             self._cond.notify_all()
 
     def _put(self, item) -> bool:
-        """The feeder's: deliver `item` (a message, _END or an exception), waiting while `ahead`
+        """The feeder's: deliver `item` (a message, END or an exception), waiting while `ahead`
         messages wait; False once the task is cancelled."""
         with self._cond:
             while len(self._items) >= self.ahead and not self.cancelled:
@@ -146,9 +143,7 @@ class Task:
 
 
 def _settle(f: concurrent.futures.Future, item) -> None:
-    if item is _END:
-        f.set_exception(StopIteration())
-    elif isinstance(item, BaseException):
+    if isinstance(item, BaseException):
         f.set_exception(item)
     else:
         f.set_result(item)
@@ -277,7 +272,7 @@ class WorkerPool:
             return
         finally:
             messages.close()
-        task._put(_END)
+        task._put(END)
 
     @staticmethod
     def _ask(worker, task: Task) -> None:
@@ -291,7 +286,7 @@ class WorkerPool:
                     break
                 kind, message = conn.recv()
                 if kind == "end":
-                    task._put(_END)
+                    task._put(END)
                     return
                 if not stopped and not task._put(message):  # cancelled: stop the job, read what it sent
                     conn.send("stop")

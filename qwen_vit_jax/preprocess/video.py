@@ -306,7 +306,7 @@ def video_pieces(
     T = cfg.temporal_patch_size
     t, h, w = plan.grid
     g = group_size(plan, budget, T)
-    name = "frame" if not is_stream(source) else (name or source_name(source))
+    name = "frame" if not is_stream(source) else (source_name(source) if name is None else name)
     positions: dict[int, list[int]] = {}  # frame index -> its positions among the sampled (qwen3 may repeat)
     for pos, i in enumerate(plan.indices.tolist()):
         positions.setdefault(i, []).append(pos)
@@ -379,7 +379,7 @@ def open_plan(
         h, w = to_hwc3(frames[0], cfg, "frame 0").shape[:2]
         info = VideoInfo(len(frames), None if source_fps is None else float(source_fps), w, h, "frames")
     else:
-        name = name or source_name(source)
+        name = source_name(source) if name is None else name
         info = probe(source, name)
         bound = max_frame_pixels() if max_pixels == "default" else max_pixels
         check_frame_pixels(info, bound, name)

@@ -89,6 +89,12 @@ def source_name(source) -> str:
     return os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the video"
 
 
+def named(name: str, text: str) -> str:
+    """`text` about the video `name`: "NAME: text", or the text alone for name "" (a service's item,
+    which its caller names)."""
+    return f"{name}: {text}" if name else text
+
+
 @contextlib.contextmanager
 def _file(source):
     """The source as a binary file object: a path opened here, bytes in memory, a file object as it is
@@ -124,21 +130,21 @@ def open_video(source, name: str | None = None):
     on the allow-list (module docstring). Unsupported for any other container, VideoError for
     data ffmpeg cannot read or a container without a video stream."""
     av = _av()
-    name = name or source_name(source)
+    name = source_name(source) if name is None else name
     with _file(source) as f:
         try:
             container = av.open(f, "r", options={"format_whitelist": _ALLOWED}, io_open=_no_other_files)
         except av.FFmpegError as e:
             if e.errno == errno.EINVAL:  # ffmpeg's "Format not on whitelist"
                 what = _sniff(f)
-                raise Unsupported(f"{name}: not a supported video container ({what})", what=what) from None
+                raise Unsupported(named(name, f"not a supported video container ({what})"), what=what) from None
             why = f"{_reason(e)}; truncated, corrupt or not a video?"
-            raise VideoError(f"{name}: cannot read as a video ({why})") from None
+            raise VideoError(named(name, f"cannot read as a video ({why})")) from None
         except PermissionError:
-            raise Unsupported(f"{name}: the container refers to other files", what="reference") from None
+            raise Unsupported(named(name, "the container refers to other files"), what="reference") from None
         with container:
             if not container.streams.video:
-                raise VideoError(f"{name}: no video stream")
+                raise VideoError(named(name, "no video stream"))
             yield container
 
 
@@ -146,7 +152,7 @@ def probe(source, name: str | None = None) -> VideoInfo:
     """Frame count, rate and size of a video's first video stream, from its container (as HF's PyAV
     reader), the frames counted by demuxing (no decoding) where the container does not record them.
     No frame is decoded. VideoError / Unsupported as `open_video`."""
-    name = name or source_name(source)
+    name = source_name(source) if name is None else name
     av = _av()
     with open_video(source, name) as container:
         stream = container.streams.video[0]
@@ -155,7 +161,8 @@ def probe(source, name: str | None = None) -> VideoInfo:
             if total <= 0:  # not recorded: count packets (no decoding)
                 total = sum(1 for p in container.demux(stream) if p.size)
         except av.FFmpegError as e:
-            raise VideoError(f"{name}: cannot read as a video ({_reason(e)}; truncated or corrupt?)") from None
+            why = f"{_reason(e)}; truncated or corrupt?"
+            raise VideoError(named(name, f"cannot read as a video ({why})")) from None
         rate = stream.average_rate
         fps = float(rate) if rate else None
         return VideoInfo(int(total), fps, stream.width, stream.height, container.format.name)
@@ -165,8 +172,8 @@ def check_frame_pixels(info: VideoInfo, max_pixels: int | None, name: str, limit
     """TooLarge when the container announces frames over `max_pixels` pixels (None: no bound)."""
     if max_pixels is not None and info.width * info.height > max_pixels:
         raise TooLarge(
-            f"{name}: its frames are {info.width}x{info.height} = {info.width * info.height:,} pixels; "
-            f"at most {max_pixels:,} per frame",
+            named(name, f"its frames are {info.width}x{info.height} = {info.width * info.height:,} pixels; ")
+            + f"at most {max_pixels:,} per frame",
             limit=limit,
         )
 
@@ -194,6 +201,6 @@ def decode(source, indices: np.ndarray, *, name: str, max_pixels: int | None = N
                 if i >= last:
                     break
         except av.FFmpegError as e:
-            raise VideoError(f"{name}: decoding failed after {seen} frames ({_reason(e)})") from None
+            raise VideoError(named(name, f"decoding failed after {seen} frames ({_reason(e)})")) from None
     if seen <= last:
-        raise VideoError(f"{name}: truncated or corrupt: decoded {seen} frames, frame {last} was to be sampled")
+        raise VideoError(named(name, f"truncated or corrupt: decoded {seen} frames, frame {last} was to be sampled"))

@@ -87,6 +87,12 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--max-frames", type=int, metavar="N", help="frames per video at most (default: the checkpoint's max_frames)"
     )
+    p.add_argument(
+        "--max-video-patches",
+        type=int,
+        metavar="N",
+        help="patches per video in all at most (default: 16 device calls' budget; 413 past)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60; 504 past)")
     p.add_argument(
         "--max-connections",
@@ -139,6 +145,7 @@ def settings_from(args) -> Settings:
         max_item_patches=args.max_item_patches,
         oversize=args.oversize,
         max_frames=args.max_frames,
+        max_video_patches=args.max_video_patches,
         request_timeout_s=args.timeout,
         max_connections=args.max_connections,
         keep_alive_s=args.keep_alive,

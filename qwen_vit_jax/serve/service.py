@@ -7,8 +7,14 @@
 An item's way: its key (its bytes' sha256, hashed with the request's parsing, and the settings
 fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-memory LRU -> an
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
-a preparation worker (prepare.py) -> the batcher (batcher.py) -> the caches. One `preprocessing`
-serves the workers and the keys: what an item is prepared with is what its key says. Admission counts
+a preparation worker (prepare.py: its header, then its pieces) -> the batcher (batcher.py), a
+piece at a time -> the caches. A video's pieces (frame groups of at most the patch budget) enter
+the batcher as they are decoded, at most two of an item waiting there at once: a long video holds a
+few groups of memory and takes its turn on the device group by group beside other requests. One
+`preprocessing` serves the workers and the keys: what an item is prepared with is what its key says.
+Before a frame is decoded, a video's frames are bounded in pixels (max_image_pixels, as an image),
+in patches (the per-item bound), in count (max_frames: a longer clip is sampled down to it) and its
+patches in all (max_video_patches): 413 past them. Admission counts
 items: past `max_queue` items admitted and not answered a request is refused (`Busy`, a 429) before
 anything of it is done, so memory stays bounded under overload. A request that is cancelled (its
 client gone, its timeout) withdraws its items: a queued item no other request waits for is dropped
@@ -24,9 +30,13 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from qwen_vit_jax.serve.cache import MemoryLRU, Result
-from qwen_vit_jax.serve.prepare import PreparePool, Task, WorkerDied
+from qwen_vit_jax.serve.prepare import END, Job, Limits, WorkerDied, preparation_pool
 from qwen_vit_jax.serve.settings import Settings
+
+IN_FLIGHT = 2  # a video's pieces waiting in the batcher at once: the next is decoded meanwhile
 
 log = logging.getLogger("qwen_vit_jax.serve")
 
@@ -76,7 +86,6 @@ class Service:
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
         self._weights = ""  # the checkpoint's fingerprint, with --cache (its keys name the checkpoint)
-        self._unpack = None  # a worker's dict -> Patches, grid, timestamps (data/pipeline.Unpack)
         self._closed = threading.Event()
 
     # ---- life ----------------------------------------------------------------------------------
@@ -91,12 +100,12 @@ class Service:
                 enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
             if s.warmup_batches:
                 self._warm(enc, budget)
-            from qwen_vit_jax.data.pipeline import Unpack
             from qwen_vit_jax.serve.bounds import ItemBound
 
             bound = ItemBound.of(enc.preprocessing, s.max_item_patches or budget, s.max_frames, s.oversize == "resize")
             self.bound, self.preprocessing = bound, bound.preprocessing  # the workers' and the keys' settings
-            self._unpack = Unpack(self.preprocessing.image, self.preprocessing.video)
+            video_patches = s.max_video_patches or VIDEO_CALLS * budget
+            limits = Limits(frame_pixels=s.max_image_pixels, frame_patches=bound.patches, video_patches=video_patches)
             if s.cache:
                 from qwen_vit_jax.data.cache import ContentCache, checkpoint_fingerprint
                 from qwen_vit_jax.weights.sources import resolve_source
@@ -105,8 +114,7 @@ class Service:
                 self.disk = ContentCache(s.cache, self._weights, enc.dtype)
             from qwen_vit_jax.serve.batcher import Batcher
 
-            p = self.preprocessing
-            self.pool = PreparePool(p.image, p.video, p.variant, s.workers, on_replace=self.metrics.replaced.inc)
+            self.pool = preparation_pool(self.preprocessing, limits, budget, s.workers, self.metrics.replaced.inc)
             self.pool.wait_started()
             self.batcher = Batcher(enc, budget, s.max_wait_ms / 1000, self.metrics)
             self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
@@ -232,43 +240,97 @@ class Service:
                 return r, True
         m.cache.labels("miss").inc()
         t0 = time.perf_counter()
-        task = self.pool.submit(Task(item.kind, item.payload, item.fps))
+        task = self.pool.submit(Job("", item.payload, item.kind, item.fps, item.digest))
+        jobs: list = []
         try:
-            d = await asyncio.wrap_future(task.future)
+            head = await _next(task)
+            m.stage.labels("prepare").observe(head.seconds)
+            if head.error is not None:
+                raise _refused(item.kind, head)
+            if (over := self.bound.grid_over(item.kind, head.grid[0])) is not None:
+                raise Failure(413, over)
+            waited = max(time.perf_counter() - t0 - head.seconds, 0.0)  # for a worker (and the trip)
+            cfg = self.preprocessing.video if item.kind == "video" else self.preprocessing.image
+            if item.kind == "video" and item.fps is not None:  # what prepare applied: Preprocessing.with_limits
+                cfg = self.preprocessing.with_limits(fps=item.fps).video
+            while (piece := await _next(task, end=None)) is not None:
+                if getattr(piece, "error", None) is not None:  # a video that fails after some pieces
+                    raise _refused(item.kind, piece)
+                jobs.append(self._submit(piece, cfg, head, deepstack, waited))
+                if len(jobs) >= IN_FLIGHT:  # the next piece is decoded while these wait
+                    await asyncio.wait([asyncio.wrap_future(jobs[-IN_FLIGHT].future)])
+            r = _whole(head, [await asyncio.wrap_future(j.future) for j in jobs])
         except asyncio.CancelledError:
-            task.cancelled = True
+            task.cancel()
+            for j in jobs:
+                self.batcher.cancel(j)
             raise
         except WorkerDied as e:
             raise Failure(503, f"{e}; not prepared, send it again") from None
-        m.stage.labels("prepare").observe(d.get("seconds", 0.0))
-        waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
-        if d.get("missing"):  # the server lacks a decoder: its fault, not the client's
-            raise Failure(501, f"this server cannot read a {item.kind}: {d['error']}")
-        if d.get("error"):
-            raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
-        if (over := self.bound.grid_over(item.kind, d["grid"])) is not None:
-            raise Failure(413, over)
-        from qwen_vit_jax.serve.batcher import Job
-
-        job = Job(*self._unpack(d), deepstack, waited)
-        self.batcher.submit(job)
-        try:
-            r = await asyncio.wrap_future(job.future)
-        except asyncio.CancelledError:
-            self.batcher.cancel(job)
-            raise
         except ValueError as e:
             raise Failure(400, str(e)) from None
+        finally:
+            task.cancel()  # whatever ended it: its worker stops at its next piece
         self.memory.put(key, r)
         if self.disk is not None:
             asyncio.get_running_loop().run_in_executor(None, self._disk_put, key, r)
         return r, False
+
+    def _submit(self, piece, cfg, head, deepstack: bool, waited: float):
+        """A piece to the batcher: a Job of its rows (uint8 `Patches`) and grid."""
+        from qwen_vit_jax.preprocess.images import patches_of
+        from qwen_vit_jax.serve.batcher import Job as Piece
+
+        t = piece.grid[0]
+        stamps = head.timestamps[piece.first_frame // cfg.temporal_patch_size :][:t]
+        job = Piece(patches_of(piece.rows, cfg), np.asarray([piece.grid], np.int64), stamps, deepstack, waited)
+        return self.batcher.submit(job)
 
     def _disk_put(self, key: tuple[str, str], r: Result) -> None:
         try:
             self.disk.put(*key, r.grid, r.embedding, r.timestamps)
         except OSError as e:  # a full or read-only disk: served all the same, logged
             log.warning("cache write failed: %s", e)
+
+
+VIDEO_CALLS = 16  # without max_video_patches: a video of at most this many budget-sized device calls
+
+
+async def _next(task, end=RuntimeError):
+    """The task's next message (its header first, then its pieces); `end` after the last one (the
+    default: a RuntimeError, for a header that never came)."""
+    message = await asyncio.wrap_future(task.next())
+    if message is not END:
+        return message
+    if end is RuntimeError:
+        raise RuntimeError("the preparation ended without an answer")
+    return end
+
+
+def _refused(kind: str, failed) -> Failure:
+    """The Failure of an item its worker could not prepare: its kind's status, the error's words."""
+    if failed.failure == "missing":  # the server lacks a decoder: its fault, not the client's
+        return Failure(501, f"this server cannot read a {kind}: PyAV is not installed: {SERVE_EXTRA} carries it")
+    if failed.failure is None:  # a decoder's own error: named with its type
+        return Failure(400, f"cannot read this {kind}: {failed.error}")
+    return Failure(_STATUS.get(failed.failure, 400), failed.message)
+
+
+_STATUS = {"too_large": 413, "unsupported": 400, "bad_input": 400}
+SERVE_EXTRA = "pip install 'qwen_vit_jax[serve]'"
+
+
+def _whole(head, parts: list[Result]) -> Result:
+    """An item's Result from its pieces' (in order): the header's grid and timestamps, the tokens
+    (and deepstack features) concatenated."""
+    if len(parts) == 1:
+        r = parts[0]
+        return Result(head.grid[0].copy(), r.embedding, head.timestamps, r.deepstack)
+    tokens = np.concatenate([r.embedding for r in parts])
+    deep = None
+    if parts[0].deepstack is not None:
+        deep = [np.concatenate([r.deepstack[k] for r in parts]) for k in range(len(parts[0].deepstack))]
+    return Result(head.grid[0].copy(), tokens, head.timestamps, deep)
 
 
 def _load_encoder(s: Settings):

@@ -37,7 +37,10 @@ class Settings:
     max_item_patches: patches per image or video frame at most (None: the patch budget of one device
       call). An image over it is resized down to fit, keeping its aspect (`oversize="resize"`), or
       refused with 413 (`oversize="refuse"`); a video frame still over it is refused (bounds.py).
-    max_frames: frames per video at most (None: the checkpoint's video max_frames; only lowers it).
+    max_frames: frames per video at most (None: the checkpoint's video max_frames; only lowers it);
+      a longer clip is sampled down to it, with or without the request's fps.
+    max_video_patches: a video's patches in all (t * h * w) at most, from its container before a
+      frame is decoded (None: 16 times the patch budget of one device call); 413 past it.
     request_timeout_s: a request still unanswered after this gets 504, its queued items dropped.
     max_connections: open connections at most; past it a connection without a request head is
       closed to make room for one with a head, else 503 (connections.py). Bounds the bodies read at once.
@@ -68,6 +71,7 @@ class Settings:
     max_item_patches: int | None = None
     oversize: str = "resize"
     max_frames: int | None = None
+    max_video_patches: int | None = None
     request_timeout_s: float = 60.0
     max_connections: int = 512
     keep_alive_s: float = 30.0
@@ -87,7 +91,7 @@ class Settings:
             not isinstance(self.max_batch_patches, int) or self.max_batch_patches <= 0
         ):
             raise ValueError(f"max_batch_patches must be a positive int or None, got {self.max_batch_patches!r}")
-        for name in ("max_item_patches", "max_frames"):
+        for name in ("max_item_patches", "max_frames", "max_video_patches"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
