@@ -41,17 +41,20 @@ from qwen_vit_jax.errors import BadInput, TooLarge, Unsupported
 # MPEG transport and program streams, GIF, FLV and ASF (WMV): the suffixes encode reads as videos.
 CONTAINERS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi", "mpegts", "mpeg", "gif", "flv", "asf")
 _ALLOWED = ",".join(CONTAINERS)
-# What refused content most often is, by its first bytes: only to name it in the error.
+# What refused content most often is, by its first bytes: to name it in the error, and to call a
+# playlist or list that this ffmpeg build does not even recognise (HLS without its .m3u8 name) what
+# it is. ffmpeg's allow-list decides what is opened, never this table.
 _SIGNATURES = (
     (b"ffconcat", "concat"),
     (b"#EXTM3U", "hls"),
-    (b"<?xml", "dash or another XML document"),
     (b"<MPD", "dash"),
+    (b"<?xml", "xml"),
     (b"\x89PNG", "png image"),
     (b"\xff\xd8\xff", "jpeg image"),
     (b"BM", "bmp image"),
     (b"RIFF", "riff"),
 )
+_LISTS = ("concat", "hls", "dash", "xml")  # what names other files or URLs
 
 
 class VideoError(BadInput):
@@ -118,10 +121,10 @@ def _no_other_files(url, flags, options):
     raise PermissionError("a video may not open other files")
 
 
-def _sniff(f) -> str:
+def _sniff(f) -> str | None:
     f.seek(0)
-    head = f.read(64)
-    return next((name for sig, name in _SIGNATURES if head.lstrip().startswith(sig)), "not a video container we read")
+    head = f.read(64).lstrip()
+    return next((name for sig, name in _SIGNATURES if head.startswith(sig)), None)
 
 
 @contextlib.contextmanager
@@ -135,9 +138,10 @@ def open_video(source, name: str | None = None):
         try:
             container = av.open(f, "r", options={"format_whitelist": _ALLOWED}, io_open=_no_other_files)
         except av.FFmpegError as e:
-            if e.errno == errno.EINVAL:  # ffmpeg's "Format not on whitelist"
-                what = _sniff(f)
-                raise Unsupported(named(name, f"not a supported video container ({what})"), what=what) from None
+            what = _sniff(f)
+            if e.errno == errno.EINVAL or what in _LISTS:  # EINVAL: ffmpeg's "Format not on whitelist"
+                said = what or "a format we do not read"
+                raise Unsupported(named(name, f"not a supported video container ({said})"), what=what) from None
             why = f"{_reason(e)}; truncated, corrupt or not a video?"
             raise VideoError(named(name, f"cannot read as a video ({why})")) from None
         except PermissionError:
