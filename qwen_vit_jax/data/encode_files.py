@@ -144,6 +144,8 @@ class _Rows:
             self.first[item.digest] = ("copy", row)
         try:
             T = item.config.temporal_patch_size
+            if item.is_video:
+                frames(0)  # its frames' clock starts
             for patches, grid, piece in item.patch_pieces():
                 row.pieces += 1
                 self.encoded_parts(self.packer.add(row, patches, grid))
