@@ -122,8 +122,8 @@ def test_the_service_bounds_a_long_clip_without_fps(clips, tiny_dirs, tiny_encod
 def test_progress_counts_a_long_videos_frames(capsys, clips, tiny_dirs, tiny_encoder, tmp_path):
     """A video larger than the patch budget goes through in frame groups: the progress says how
     many of its frames are done as it goes, and the bar ends at all of them."""
-    from qwen_vit_jax.data.encode_files import encode_files
     from qwen_vit_jax.data.embeddings import run_metadata
+    from qwen_vit_jax.data.encode_files import encode_files
 
     updates = []
     meta = run_metadata("ckpt", tiny_encoder.dtype, tiny_encoder.preprocessing)
