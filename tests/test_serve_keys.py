@@ -129,11 +129,11 @@ def test_keys_follow_the_preprocessing_the_workers_use(tiny_dirs, tiny_encoder):
     pixel bounds, another kind or another fps give another key; the same settings the same key."""
     import dataclasses
 
-    from qwen_vit_jax.serve.service import Item, Service
+    from qwen_vit_jax.serve.service import Input, Service
 
     svc = Service(Settings(checkpoint=str(tiny_dirs[1]), workers=0), metrics=None)
     svc.enc, svc.preprocessing = tiny_encoder, tiny_encoder.preprocessing
-    image, video = Item("image", b"x", "d" * 64), Item("video", b"x", "d" * 64)
+    image, video = Input("image", b"x", "d" * 64), Input("video", b"x", "d" * 64)
     keys = {svc.key(image), svc.key(video), svc.key(dataclasses.replace(video, fps=2.0))}
     assert len(keys) == 3 and all(k[1] == "d" * 64 for k in keys)
     assert svc.key(dataclasses.replace(video, fps=2)) == svc.key(dataclasses.replace(video, fps=2.0))

@@ -48,7 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from qwen_vit_jax.serve.metrics import Metrics
-from qwen_vit_jax.serve.service import Busy, Failure, Item, Service
+from qwen_vit_jax.serve.service import Busy, Failure, Input, Service
 from qwen_vit_jax.serve.settings import Settings
 
 SAFETENSORS = "application/vnd.safetensors"
@@ -202,7 +202,7 @@ async def _disconnected(request: Request) -> None:
 
 
 # ---- parsing ----------------------------------------------------------------------------------
-def _parse(body: bytes, s: Settings, bound) -> tuple[list[Item], str, bool, int]:
+def _parse(body: bytes, s: Settings, bound) -> tuple[list[Input], str, bool, int]:
     """The request body -> (items, encoding_format, return_deepstack, how many images the per-item
     `bound` resizes down); Failure 400 / 413 naming the field or item that is wrong."""
     try:
@@ -229,7 +229,7 @@ def _parse(body: bytes, s: Settings, bound) -> tuple[list[Item], str, bool, int]
     return list(items), fmt, deepstack, sum(resized)
 
 
-def _item(i: int, x, s: Settings, bound) -> tuple[Item, bool]:
+def _item(i: int, x, s: Settings, bound) -> tuple[Input, bool]:
     """One item, and whether the per-item bound resizes it down."""
     where = f"input[{i}]"
     if not isinstance(x, dict):
@@ -247,7 +247,7 @@ def _item(i: int, x, s: Settings, bound) -> tuple[Item, bool]:
     payload = _bytes(where, x[kind])
     resized = _check_image(where, payload, s, bound) if kind == "image" else False
     digest = hashlib.sha256(payload).hexdigest()
-    return Item(kind, payload, digest, None if fps is None else float(fps)), resized
+    return Input(kind, payload, digest, None if fps is None else float(fps)), resized
 
 
 def _bytes(where: str, value) -> bytes:
@@ -339,7 +339,7 @@ def _encode_array(a, fmt: str):
     return base64.b64encode(a.tobytes()).decode() if fmt == "base64" else a
 
 
-def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
+def _json(items: list[Input], results, fmt: str, deepstack: bool) -> bytes:
     import numpy as np
 
     data, tokens = [], 0
@@ -371,7 +371,7 @@ def checkpoint_name(checkpoint: str) -> str:
     return checkpoint
 
 
-def _safetensors(items: list[Item], results, service: Service) -> bytes:
+def _safetensors(items: list[Input], results, service: Service) -> bytes:
     """The answer as the embeddings file `qvj.read_embeddings` reads (written to a temporary file,
     then read back: write_embeddings writes files)."""
     import numpy as np

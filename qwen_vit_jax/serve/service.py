@@ -58,9 +58,9 @@ class Busy(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Item:
-    """One input of a request: kind "image" or "video", its bytes, a video's fps (None: the
-    checkpoint's sampling), the bytes' sha256."""
+class Input:
+    """One input of a request, as sent (data/items.py's `Item` is an input prepared): kind "image"
+    or "video", its bytes, a video's fps (None: the checkpoint's sampling), the bytes' sha256."""
 
     kind: str
     payload: bytes
@@ -153,7 +153,7 @@ class Service:
             time.perf_counter() - t0,
         )
 
-    def key(self, item: Item) -> tuple[str, str]:
+    def key(self, item: Input) -> tuple[str, str]:
         """An item's cache key: (the settings fingerprint of its kind and preprocessing, its sha256)."""
         return _fingerprint(self._weights, self.enc.dtype, self.preprocessing, item.kind, item.fps), item.digest
 
@@ -180,7 +180,7 @@ class Service:
         self.metrics.queue.set(self.queued)
 
     # ---- requests ------------------------------------------------------------------------------
-    async def embed(self, items: list[Item], deepstack: bool) -> list[tuple[Result, bool]]:
+    async def embed(self, items: list[Input], deepstack: bool) -> list[tuple[Result, bool]]:
         """Every item's (Result, cached), in order. The first item that fails raises Failure naming
         it (`input[i]: ...`) and withdraws the others; cancelling withdraws them all."""
         tasks = [asyncio.ensure_future(self._one(it, deepstack)) for it in items]
@@ -199,7 +199,7 @@ class Service:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _one(self, item: Item, deepstack: bool) -> tuple[Result, bool]:
+    async def _one(self, item: Input, deepstack: bool) -> tuple[Result, bool]:
         key = self.key(item)
         r = self.memory.get(key, deepstack)
         if r is not None:
@@ -229,7 +229,7 @@ class Service:
         if self._inflight.get(fkey) is flight:
             del self._inflight[fkey]
 
-    async def _compute(self, item: Item, key: tuple[str, str], deepstack: bool) -> tuple[Result, bool]:
+    async def _compute(self, item: Input, key: tuple[str, str], deepstack: bool) -> tuple[Result, bool]:
         m = self.metrics
         if self.disk is not None and not deepstack:
             row = await asyncio.to_thread(self.disk.get, *key)
