@@ -151,12 +151,12 @@ class _Rows:
                 self.encoded_parts(self.packer.add(row, patches, grid))
                 if item.is_video:
                     frames(min(piece.first_frame + int(grid[0, 0]) * T, item.frames))
-        except PieceError:
+        except BaseException:  # a video failed halfway, an interrupt, a dead worker: never written
             row.void = True
             raise
         finally:
             row.open = False
-            self.write()
+        self.write()
 
     def encoded_parts(self, done: list) -> None:
         for row, tokens in done:

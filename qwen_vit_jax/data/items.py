@@ -24,6 +24,7 @@ Names, one meaning each:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import time
@@ -114,8 +115,6 @@ class Item:
 
     def patch_pieces(self) -> Iterator[tuple[Patches, np.ndarray, Piece]]:
         """(uint8 `Patches`, grid int64 [1, 3], piece) per piece, in order: what a device call takes."""
-        from qwen_vit_jax.preprocess.images import patches_of
-
         for p in self.pieces:
             yield patches_of(p.rows, self.config), np.asarray([p.grid], np.int64), p
 
@@ -127,6 +126,21 @@ class Item:
         parts = [px for px, _, _ in self.patch_pieces()]
         self.pieces = None  # read
         return parts[0] if len(parts) == 1 else Patches.concatenate(parts)
+
+
+def patches_of(rows: np.ndarray, config: PreprocessConfig) -> Patches:
+    """A piece's uint8 rows [N, S, p, p, 3] as `Patches` of `config`'s pixel table (computed once
+    per config: the encode loop and the service make one per piece)."""
+    from qwen_vit_jax.plan.contract import Patches
+
+    return Patches(rows, _pixel_table(config), config.temporal_patch_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _pixel_table(config: PreprocessConfig) -> np.ndarray:
+    from qwen_vit_jax.preprocess.images import pixel_table
+
+    return pixel_table(config)
 
 
 def prepare(

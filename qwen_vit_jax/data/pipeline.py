@@ -150,7 +150,7 @@ class Loader:
         self.workers = min(workers, len(inputs))
         self.preprocessing = Preprocessing(image=config, video=video_config, variant=variant)
         self.piece_patches, self._streams = piece_patches, None
-        self._sources = dict(elements := [_element(i, x) for i, x in enumerate(inputs)])
+        self._elements, self._read = (elements := [_element(i, x) for i, x in enumerate(inputs)]), 0
         prepare_one = Prepare(config, video_config, variant, fast_decode, piece_patches)
         ds = grain.MapDataset.source(elements).map(prepare_one)
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=buffer))
@@ -196,12 +196,14 @@ class Loader:
             raise
 
     def _item(self, d: dict) -> Item:
+        source = self._elements[self._read][1]  # in input order, whatever the worker count (names may repeat)
+        self._read += 1
         if d.get("error"):
             return Item(d["name"], error=d["error"], failure=d.get("failure"), seconds=d["seconds"])
         video = bool(d.get("video", False))
         cfg = self.preprocessing.video if video else self.preprocessing.image
         if d.get("stream"):
-            pieces = self._stream(Job(d["name"], self._sources[d["name"]], "video", digest=d["digest"]))
+            pieces = self._stream(Job(d["name"], source, "video", digest=d["digest"]))
         else:  # out of the worker's shared memory (freed with it)
             grid = tuple(d["grid"])
             pieces = (Piece(np.array(d["data"]), grid, None if not video else np.array(d["timestamps"]), 0),)
@@ -242,7 +244,7 @@ class Loader:
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
         if self._streams is not None:
-            self._streams.close()
+            self._streams.close(cancel=True)  # a video being streamed stops at its next group
             self._streams = None
         self._head = []
         _drain_shared_memory()

@@ -189,6 +189,7 @@ class WorkerPool:
         self.replaced = 0
         self._started = threading.Semaphore(0)
         self._busy = [False] * len(self._procs)
+        self._running: list[Task | None] = [None] * len(self._procs)  # each feeder's task
         self._threads = [
             threading.Thread(target=self._feed, args=(i,), name=f"{name}-{i}", daemon=True)
             for i in range(len(self._procs))
@@ -221,8 +222,20 @@ class WorkerPool:
                 return False
         return True
 
-    def close(self) -> None:
-        """Stop the feeders (after the tasks already queued) and end the workers."""
+    def close(self, cancel: bool = False) -> None:
+        """Stop the feeders (after the tasks already queued; with `cancel`, those and the running
+        ones dropped: their workers stop at their next message) and end the workers."""
+        if cancel:
+            while True:
+                try:
+                    task = self._tasks.get_nowait()
+                except queue.Empty:
+                    break
+                if task is not None:
+                    task.cancel()
+            for task in list(self._running):
+                if task is not None:
+                    task.cancel()
         for _ in self._threads:
             self._tasks.put(None)
         for t in self._threads:
@@ -244,10 +257,11 @@ class WorkerPool:
                     return
                 if task.cancelled:
                     continue
-                if self._inline:
-                    self._run_here(task)
-                    continue
+                self._running[i] = task
                 try:
+                    if self._inline:
+                        self._run_here(task)
+                        continue
                     if worker is None:
                         worker = self._start(i)
                     self._busy[i] = True
@@ -257,6 +271,7 @@ class WorkerPool:
                     worker = self._replace(i)
                 finally:
                     self._busy[i] = False
+                    self._running[i] = None
         finally:
             if not self._inline:
                 self._stop(i)

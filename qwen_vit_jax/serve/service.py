@@ -278,7 +278,7 @@ class Service:
 
     def _submit(self, piece, cfg, head, deepstack: bool, waited: float):
         """A piece to the batcher: a Job of its rows (uint8 `Patches`) and grid."""
-        from qwen_vit_jax.preprocess.images import patches_of
+        from qwen_vit_jax.data.items import patches_of
         from qwen_vit_jax.serve.batcher import Job as Piece
 
         t = piece.grid[0]
