@@ -28,7 +28,7 @@ from qwen_vit_jax.data.embeddings import Embeddings
 from qwen_vit_jax.serve.statuses import OK, RETRY
 
 RETRY_STATUSES = RETRY  # queue full, not ready, a worker lost: the same request may succeed later
-SHOWN_CHARS = 500  # of a body that is not the service's JSON error, in the ServeError
+SHOWN_CHARS = 512  # of a body that is not the service's JSON error, in the ServeError
 
 
 class ServeError(RuntimeError):
@@ -81,7 +81,7 @@ class Client:
         import httpx
 
         try:
-            return self._http.get("/readyz").status_code == 200
+            return self._http.get("/readyz").status_code == OK
         except httpx.TransportError:
             return False
 

@@ -53,8 +53,9 @@ from qwen_vit_jax.serve import statuses
 log = logging.getLogger("qwen_vit_jax.serve")
 
 # What a connection is doing: reading a request head, reading its body, serving it (no deadline),
-# draining a body after its answer, idle between requests (kept alive).
-HEAD, BODY, SERVING, DRAIN, IDLE = "head", "body", "serving", "drain", "idle"
+# draining a body after its answer, idle between requests (kept alive), refused and dropping what
+# still arrives (so that the client reads the refusal instead of a reset).
+HEAD, BODY, SERVING, DRAIN, IDLE, LINGER = "head", "body", "serving", "drain", "idle", "linger"
 _END_OF_HEAD = b"\r\n\r\n"
 
 
@@ -141,8 +142,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._gauge()
 
     def data_received(self, data: bytes) -> None:
+        if self._state == LINGER:
+            return
         if self._state in (HEAD, IDLE, SERVING) and not self._head_fits(data):  # SERVING: a pipelined head
-            self._close("head_too_large", statuses.HEAD_TOO_LARGE)
+            self._refuse("head_too_large", statuses.HEAD_TOO_LARGE)
             return
         super().data_received(data)
 
@@ -259,7 +262,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _check(self) -> None:
         """The deadline passed, or moved (body bytes arrived): close, or wait for the new one."""
         self._timer = None
-        if self.transport.is_closing() or self._state == SERVING:
+        if self.transport.is_closing() or self._state in (SERVING, LINGER):
             return
         now, due = self.loop.time(), self._due
         if self._state == BODY:
@@ -279,6 +282,22 @@ class GuardedProtocol(HttpToolsProtocol):
         else:
             self._close("drain_timeout" if self._state == DRAIN else "keep_alive")
 
+    def _refuse(self, reason: str, answer: bytes) -> None:
+        """Answer and close a connection whose client is still sending: the answer, then our end of
+        the stream, then what still arrives is dropped (nginx's lingering close) for S at most; closed
+        at once, the socket would answer the client's next bytes with a reset that can destroy the
+        answer before the client reads it."""
+        self._cancel()
+        self.transport.write(answer)
+        if not self.transport.can_write_eof():
+            self._close(reason)
+            return
+        self.transport.write_eof()
+        self._state, self._since = LINGER, self.loop.time()
+        self._timer = self.loop.call_later(self._header_timeout, self.transport.abort)
+        if self._metrics is not None:
+            self._metrics.connections_closed.labels(reason).inc()
+
     def _close(self, reason: str, answer: bytes | None = None) -> None:
         """Close with `answer` written first (if any). A client that has not read what is buffered
         for it is cut off, not waited for (asyncio's close() would wait for the buffer to drain)."""
@@ -286,6 +305,9 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self._cancel()
         self._cancel_stall()
+        if self._state == LINGER:  # refused and counted already: only its end
+            self.transport.abort()
+            return
         if answer is not None:
             self.transport.write(answer)
         if self.transport.get_write_buffer_size():
@@ -311,7 +333,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def _idle(self) -> bool:
         """Whether this connection holds no request: its head not complete, a body drained after its
         answer, or kept alive between requests."""
-        return self._state in (HEAD, DRAIN, IDLE) and (self.cycle is None or self.cycle.response_complete)
+        return self._state in (HEAD, DRAIN, IDLE, LINGER) and (self.cycle is None or self.cycle.response_complete)
 
     def _gauge(self) -> None:
         if self._metrics is not None:
