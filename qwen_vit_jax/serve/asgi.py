@@ -45,7 +45,6 @@ from qwen_vit_jax.serve.request import parse
 from qwen_vit_jax.serve.service import Service
 from qwen_vit_jax.serve.settings import Settings
 
-__all__ = ["SAFETENSORS", "checkpoint_name", "create_app"]
 log = logging.getLogger("qwen_vit_jax.serve")
 LOAD_FAILED = "loading the model failed (the server's log says why)"  # the error itself may name server paths
 

@@ -27,10 +27,14 @@ An identical item is encoded once (in flight, the in-memory LRU, --cache DIR on 
 --warmup-batches their batch shapes too), /metrics (Prometheus). Binding anything but loopback
 requires --api-key-file.
 
-Strangers are expected: a request head must arrive whole within --header-timeout, and a body may not
-pause longer (408); sockets that send no head never keep a client out (one that sends a head takes
-the slot of the oldest that has not); an item costs at most --max-item-patches per frame (a larger
-image is resized down to it, or refused with --oversize refuse); nothing is opened by name.
+Strangers are expected: a request head must arrive whole within --header-timeout and hold at most
+--max-head-kb (408, 431), a body may not pause longer (408) and an answer may not be left unread
+longer (cut off); sockets that send no head never keep a client out (one that sends a head takes
+the slot of the oldest that has not), and one address reads at most --max-peer-bodies bodies at
+once (429); an item costs at most --max-item-patches per frame (a larger image is resized down to
+it, or refused with --oversize refuse); images come in JPEG, PNG, WebP, GIF, BMP, TIFF or PNM (415
+otherwise), sized from their headers; nothing is opened by name. Settings that contradict each
+other are refused before anything listens.
 """
 
 
