@@ -42,9 +42,12 @@ uvicorn's. The status codes and bodies are statuses.py's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import logging
+import socket
+import struct
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -57,6 +60,7 @@ log = logging.getLogger("qwen_vit_jax.serve")
 # still arrives (so that the client reads the refusal instead of a reset).
 HEAD, BODY, SERVING, DRAIN, IDLE, LINGER = "head", "body", "serving", "drain", "idle", "linger"
 _END_OF_HEAD = b"\r\n\r\n"
+LINGER_BYTES = 1 << 20  # what a refused connection's client may still send before reading stops
 
 
 def _asgi_error(e):
@@ -142,7 +146,10 @@ class GuardedProtocol(HttpToolsProtocol):
         self._gauge()
 
     def data_received(self, data: bytes) -> None:
-        if self._state == LINGER:
+        if self._state == LINGER:  # dropped; past LINGER_BYTES no more is read (the deadline closes it)
+            self._head_bytes += len(data)
+            if self._head_bytes > LINGER_BYTES:
+                self.transport.pause_reading()
             return
         if self._state in (HEAD, IDLE, SERVING) and not self._head_fits(data):  # SERVING: a pipelined head
             self._refuse("head_too_large", statuses.HEAD_TOO_LARGE)
@@ -284,17 +291,17 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _refuse(self, reason: str, answer: bytes) -> None:
         """Answer and close a connection whose client is still sending: the answer, then our end of
-        the stream, then what still arrives is dropped (nginx's lingering close) for S at most; closed
-        at once, the socket would answer the client's next bytes with a reset that can destroy the
-        answer before the client reads it."""
+        the stream, then what still arrives is dropped (nginx's lingering close; LINGER_BYTES at
+        most) for S at most. Closed at once, the socket would answer the client's next bytes with a
+        reset that can destroy the answer before the client reads it."""
         self._cancel()
         self.transport.write(answer)
         if not self.transport.can_write_eof():
             self._close(reason)
             return
         self.transport.write_eof()
-        self._state, self._since = LINGER, self.loop.time()
-        self._timer = self.loop.call_later(self._header_timeout, self.transport.abort)
+        self._state, self._since, self._head_bytes = LINGER, self.loop.time(), 0
+        self._timer = self.loop.call_later(self._header_timeout, self._reset)
         if self._metrics is not None:
             self._metrics.connections_closed.labels(reason).inc()
 
@@ -306,17 +313,27 @@ class GuardedProtocol(HttpToolsProtocol):
         self._cancel()
         self._cancel_stall()
         if self._state == LINGER:  # refused and counted already: only its end
-            self.transport.abort()
+            self._reset()
             return
         if answer is not None:
             self.transport.write(answer)
         if self.transport.get_write_buffer_size():
-            self.transport.abort()
+            self._reset()
         else:
             self.transport.close()
         if self._metrics is not None:
             self._metrics.connections_closed.labels(reason).inc()
         log.debug("closed a connection from %s: %s", self.client, reason)
+
+    def _reset(self) -> None:
+        """Cut the connection off: what is buffered for it is dropped, ours and the kernel's (a
+        linger of 0 makes the close a reset; a plain close would leave the kernel holding its send
+        buffer, megabytes, for as long as a client that does not read keeps its window shut)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     # ---- the connection limit --------------------------------------------------------------------
     def _admit(self) -> bool:
