@@ -24,7 +24,8 @@ SLOW_HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 class Sockets:
     """`silent` sockets that connect and send nothing, `slow` ones that trickle a request head (one
     byte every `every` s, never the end of it), and `stalled` ones that send a whole head announcing a
-    body of `body_bytes` (with `headers`), 16 bytes of it, then nothing. A thread watches them all:
+    body of `body_bytes` (with `headers`), 16 bytes of it, then nothing; all from `source` (another
+    loopback address, 127.0.0.2: another client) when given. A thread watches them all:
     `closed[i]` is (seconds from its connect to the server's close, the first bytes the server sent).
     Index order: silent, then slow, then stalled. Use as a context manager; `close()` closes the rest."""
 
@@ -37,6 +38,7 @@ class Sockets:
         every: float = 0.25,
         headers: dict | None = None,
         body_bytes: int = 100_000,
+        source: str | None = None,
     ):
         self.kinds = ["silent"] * silent + ["slow"] * slow + ["stalled"] * stalled
         self.every = every
@@ -49,7 +51,9 @@ class Sockets:
         head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._stalled = (head + f"Content-Length: {body_bytes}\r\n\r\n").encode() + b'{"input": [{"im'
         for kind in self.kinds:
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s = socket.create_connection(
+                ("127.0.0.1", port), timeout=10, source_address=(source, 0) if source else None
+            )
             s.setblocking(False)
             if kind == "stalled":
                 s.sendall(self._stalled)
