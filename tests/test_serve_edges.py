@@ -33,6 +33,8 @@ import serve_traffic as st
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'qwen_vit_jax[serve]')")
 
 HEADER_TIMEOUT = 1.0  # s: the shared server's head / pause / unread-answer deadline
+# Small images are 112x168 (8x12 patches), as in test_serve.py: the session's tiny encoder has that
+# program compiled already when the suite runs both.
 MAX_CONNECTIONS = 8  # so the default body slots per address are 2
 MAX_QUEUE = 40  # so the default --max-items is 40 too
 
@@ -94,7 +96,7 @@ def test_a_request_head_over_the_bound_gets_431_at_once(server):
     first, seconds = sa.big_head(port, 200_000)
     assert first.startswith(b"HTTP/1.1 431"), first
     assert seconds < HEADER_TIMEOUT, seconds  # closed at the bound, not at the deadline
-    body = json.dumps(images(st.jpeg(56, 56, seed=1))).encode()
+    body = json.dumps(images(st.jpeg(112, 168, seed=1))).encode()
     got, _ = sa.exchange(port, sa.http_request("POST", st.ROUTE, body, {"X-Pad": "a" * 60_000, "Connection": "close"}))
     assert got.startswith(b"HTTP/1.1 200"), got[:200]
     assert closed(url, "head_too_large") == before + 1
@@ -119,7 +121,7 @@ def test_answers_are_streamed_and_a_client_that_does_not_read_is_cut_off(server)
         while closed(url, "send_timeout") < before + 2:
             assert time.monotonic() < deadline, "a client that does not read was not cut off"
             time.sleep(0.1)
-    assert post(url, images(st.jpeg(56, 56, seed=3))).status_code == 200
+    assert post(url, images(st.jpeg(112, 168, seed=3))).status_code == 200
 
 
 def test_a_streamed_answer_holds_every_float_exactly():
@@ -158,7 +160,7 @@ def test_model_and_user_are_short_strings(server):
     """`user` holding 200,000 empty lists, a 300-character `model`, a number: 400 naming the field;
     short strings are accepted; an unknown field holding a large list is refused by its name."""
     url, _, _ = server
-    ok = {"image": st.b64(st.jpeg(56, 56, seed=4))}
+    ok = {"image": st.b64(st.jpeg(112, 168, seed=4))}
     lists = b'{"input": [' + json.dumps(ok).encode() + b'], "user": [' + b"[]," * 200_000 + b"[]]}"
     cases = [
         (lists, "`user`"),
@@ -216,7 +218,7 @@ def test_a_cache_that_cannot_be_written_or_read_fails_soft(tiny_dirs, tiny_encod
     file = tmp_path / "not-a-dir"
     file.write_text("x")
     with uvicorn_thread(tiny_encoder, checkpoint=str(tiny_dirs[1]), cache=str(file)) as (url, _):
-        assert [post(url, images(st.jpeg(56, 84, seed=5))).status_code for _ in range(2)] == [200, 200]
+        assert [post(url, images(st.jpeg(112, 168, seed=5))).status_code for _ in range(2)] == [200, 200]
         deadline = time.monotonic() + 10
         while st.metrics(url).get("qvj_cache_errors_total{op=write}", 0) < 1:  # written after the answer
             assert time.monotonic() < deadline
@@ -228,7 +230,7 @@ def test_a_cache_that_cannot_be_written_or_read_fails_soft(tiny_dirs, tiny_encod
     monkeypatch.setattr(safetensors_io, "write_safetensors", full)
     caplog.set_level(logging.WARNING)
     with uvicorn_thread(tiny_encoder, checkpoint=str(tiny_dirs[1]), cache=str(tmp_path / "c")) as (url, _):
-        assert [post(url, images(st.jpeg(56, 84, seed=s))).status_code for s in (6, 7)] == [200, 200]
+        assert [post(url, images(st.jpeg(112, 168, seed=s))).status_code for s in (6, 7)] == [200, 200]
         deadline = time.monotonic() + 10
         while st.metrics(url).get("qvj_cache_errors_total{op=write}", 0) < 2:
             assert time.monotonic() < deadline
@@ -244,7 +246,7 @@ def test_a_pipelined_request_is_not_dropped_by_the_keep_alive_timer(tiny_dirs, t
     --keep-alive 0.5: both are answered."""
     with uvicorn_thread(tiny_encoder, checkpoint=str(tiny_dirs[1]), keep_alive_s=0.5, max_wait_ms=1500) as (url, _):
         port = int(url.rsplit(":", 1)[1])
-        body = json.dumps(images(st.jpeg(56, 56, seed=8))).encode()
+        body = json.dumps(images(st.jpeg(112, 168, seed=8))).encode()
         got, seconds = sa.exchange(port, sa.http_request("GET", "/healthz") + sa.http_request("POST", st.ROUTE, body))
     assert got.count(b"HTTP/1.1 200") == 2, (seconds, got[:300])
     assert b'"embedding"' in got
@@ -317,7 +319,7 @@ def test_a_checkpoint_that_fails_on_the_device_is_the_servers_500(tiny_dirs, tmp
     (bad / "preprocessor_config.json").write_text(json.dumps(pre))
     enc = VisionEncoder.from_pretrained(bad)
     with uvicorn_thread(enc, checkpoint=str(bad)) as (url, _):
-        r = post(url, images(st.jpeg(56, 56, seed=10)))
+        r = post(url, images(st.jpeg(112, 168, seed=10)))
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", (r.status_code, r.text)
     assert "internal" in r.json()["error"]["message"] and str(tmp_path) not in r.text
 
