@@ -133,8 +133,8 @@ def error(e: errors.Error) -> Response:
 
 
 async def _embeddings(request: Request, service: Service, s: Settings, authorize) -> Response:
-    """One request's way; a failure before its items are admitted raises (the caller answers it),
-    one after is counted per item here."""
+    """One request's way. Every failure raises its errors kind (the caller answers it); the items
+    are counted here by outcome (qvj_items_total)."""
     m = service.metrics
     authorize(request)
     if not service.ready:
