@@ -70,7 +70,7 @@ def test_the_same_bytes_as_an_image_and_as_a_video(tiny_dirs, tiny_encoder, tmp_
         grid, cached, _ = answer(post(url, {"image": b64(png)}))
         assert (grid, cached) == ([1, 8, 12], False)
         r = post(url, {"video": b64(png)})
-        assert r.status_code == 400 and "not a supported video container (png image)" in r.text, r.text
+        assert r.status_code == 415 and "not a supported video container (png image)" in r.text, r.text
         video = answer(post(url, {"video": b64(gif)}))
         image = answer(post(url, {"image": b64(gif)}))
         assert video[0][0] == 2 and image[0][0] == 1 and not video[1] and not image[1]
@@ -121,7 +121,7 @@ def test_two_checkpoints_share_one_cache_dir(tiny_dirs, tiny_encoder, other_ckpt
             want = enc.encode_images([im])[0]
             assert np.linalg.norm(got[ckpt][2] - want) <= 1e-6 * np.linalg.norm(want)
         assert not np.allclose(got[tiny_dirs[1]][2], got[other_ckpt][2])
-    assert len({p.parent.parent for p in (tmp_path / "cache").rglob("*.safetensors")}) == 2
+    assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 2  # one entry per checkpoint
 
 
 def test_keys_follow_the_preprocessing_the_workers_use(tiny_dirs, tiny_encoder):

@@ -256,7 +256,7 @@ def encode_files(
     rows = _Rows(enc, sink, cache, batch_patches or enc.max_batch_patches, prep)
 
     def written() -> str:
-        return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"
+        return f"{count(len(rows.names), 'new input')} written to {target}; the same command with resume=True continues"
 
     def full(e: Exception) -> EncodeError:  # after sink.abandon(): nothing half-written is left
         if isinstance(e, DiskFull):
@@ -264,7 +264,7 @@ def encode_files(
             what = str(e if need is None else DiskFull(e.path, need, e.what, "finishing the run"))
         else:
             what = f"no space left on device{' for the cache' * bool(cache)} ({e})"
-        return EncodeError(f"{what}; {sink.kept()}; free space, then resuming the same run continues")
+        return EncodeError(f"{what}; {sink.kept()}; free space, then the same command with resume=True continues")
 
     def save() -> None:  # OUT with what is done; a full disk keeps what was saved before
         try:
@@ -287,8 +287,8 @@ def encode_files(
         for item in readable(iter(loader), failed, keep_going):
             if item.is_video and every_frame:  # HF's Qwen2-VL processor does the same; long clips cost a lot
                 note = (
-                    "note: videos use every frame up to max_frames "
-                    f"{prep.video.max_frames} (the checkpoint's video config samples none, as HF's "
+                    f"note: videos use every frame up to max_frames={prep.video.max_frames} (the checkpoint's "
+                    "video config samples none, as HF's "
                     "Qwen2VLVideoProcessor); fps=2 is what Qwen's own tools use"
                 )
                 tell(Update(len(rows.names), left(), note))
@@ -298,7 +298,7 @@ def encode_files(
                 when = "" if streamed else f", prepared in {item.seconds:.1f} s"
                 tell(Update(len(rows.names), left(), f"{item.note}{when}"))
             if item.capped:
-                tell(Update(len(rows.names), left(), f"note: {item.name}: {item.capped} (max_frames= raises it)"))
+                tell(Update(len(rows.names), left(), f"note: {item.name}: {item.capped} (max_frames=N raises it)"))
 
             def frames(done: int, item=item) -> None:
                 tell(Update(len(rows.names), left(), frames=(done, item.frames)))
@@ -348,11 +348,12 @@ def encode_files(
         (path, reason), held = failed[0], ""
         if rows.names:
             save()
-            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resuming continues"
+            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resume=True continues"
         else:
             sink.abandon()
         raise EncodeError(
-            f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going skips unreadable inputs)"
+            f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going=True skips unreadable inputs)",
+            limit="keep_going",
         )
     for path, reason in failed:
         tell(Update(len(rows.names), total - len(failed), f"warning: skipped {path}: {reason}", finished=True))

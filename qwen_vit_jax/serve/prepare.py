@@ -8,8 +8,8 @@ budget at a time, decoded as the service hands them to the batcher: a long video
 groups, never itself, and shares the device with other requests group by group.
 
 A worker that dies (killed, out of memory) fails the item it held with `WorkerDied` (the request gets
-503: nothing is lost silently) and is replaced at once; an idle worker that dies is replaced within
-WATCH_S. `workers=0` prepares in a thread of the server process (tests; a process with nothing to
+503, errors.Unavailable: nothing is lost silently) and is replaced at once; an idle worker that dies
+is replaced within WATCH_S. `workers=0` prepares in a thread of the server process (tests; a process with nothing to
 spare). Workers ignore SIGINT and SIGTERM: a signal to the process group reaches the server, which
 drains what is in flight (the workers keep preparing) and then closes the pool. No jax in a worker.
 """
