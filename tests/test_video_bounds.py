@@ -64,7 +64,7 @@ def test_encode_max_frames_and_its_default(capsys, clips, tiny_dirs, tmp_path):
     assert rc == 0, err
     assert read_embeddings(out).grid_thw.tolist() == [[4, 4, 6]]
     assert f"note: {clips[60]}: 8 of the 60 frames asked, 4 fps: at most max_frames 8 per video" in err
-    assert "(--max-frames raises it)" in err
+    assert "(--max-frames N raises it)" in err
     # no flags on a clip longer than the checkpoint's max_frames (768): capped, with a line that says so
     out = tmp_path / "b.npz"
     rc, _, err = vs.cli(capsys, "encode", tiny_dirs[1], clips[800], "-o", out)

@@ -125,7 +125,8 @@ class _Rows:
 
     def add(self, item: Item, frames: Callable[[int], None] = lambda done: None) -> None:
         """Take an item: its pieces go to the packer as they are read (`frames(done)` after each one
-        of a video); PieceError when a streamed video fails (its row is void, the run goes on)."""
+        of a video streamed in frame groups); PieceError when a streamed video fails (its row is
+        void, the run goes on)."""
         src = self.first.get(item.digest) if item.digest else None
         hit = None
         if src is None and self.cache is not None and item.digest:
@@ -144,12 +145,13 @@ class _Rows:
             self.first[item.digest] = ("copy", row)
         try:
             T = item.config.temporal_patch_size
-            if item.is_video:
+            streamed = item.is_video and not isinstance(item.pieces, tuple)  # decoded as it is read
+            if streamed:
                 frames(0)  # its frames' clock starts
             for patches, grid, piece in item.patch_pieces():
                 row.pieces += 1
                 self.encoded_parts(self.packer.add(row, patches, grid))
-                if item.is_video:
+                if streamed:
                     frames(min(piece.first_frame + int(grid[0, 0]) * T, item.frames))
         except BaseException:  # a video failed halfway, an interrupt, a dead worker: never written
             row.void = True
