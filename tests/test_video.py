@@ -19,8 +19,8 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-import video_samples
 
+from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.preprocess.config import QWEN3_VL_VIDEO, VIDEO_DEFAULT, PreprocessConfig
 from qwen_vit_jax.preprocess.images import smart_resize_3d
 from qwen_vit_jax.preprocess.video import VideoError, frame_size, preprocess_video, probe, sample_indices

@@ -1,0 +1,182 @@
+"""`qwen-vit-jax serve` against hostile clients: the real server (a subprocess on 127.0.0.1, the demo's
+tiny Qwen2.5-VL tower with the released preprocessing, max_pixels 12,845,056) and attackers in this
+process (workloads/attacks.py).
+
+    python -m benchmarks hostile                   # the working tree
+    python -m benchmarks hostile --against main    # and a revision's server (first)
+
+Phases, per tree (the baseline's first):
+
+  attack   --sockets N sockets (half silent, half trickling a request head one byte every 0.25 s)
+           against `--max-connections M`, kept at N for --seconds (the attacker reopens every socket the
+           server closes); meanwhile a real client sends one request a second, each on a fresh
+           connection with a 10 s timeout: seconds until its first 200, and its statuses. Run for
+           each (N, M) of --attacks (default 24 vs 16, the issue's, and 520 vs 512, the default
+           limit), other flags the defaults (--header-timeout 10, --workers as the CLI's default).
+  big      a 7000x7000 PNG (49 MP, under the 50 MP cap) and, 1 s later, a 112x112 JPEG, against a
+           server with the defaults (the per-item bound: the patch budget, 16,384 patches): each
+           one's seconds to its answer and the big one's grid; after a warm-up pair of other images
+           (the buckets compiled or loaded from the serve suites' compilation cache, untimed). The
+           server's RSS (its process and workers) every 0.25 s: before, peak, after. Again for
+           each `--max-item-patches N` of --bounds (the working tree only: a baseline may not know it).
+
+--quick: 4 sockets vs --max-connections 2 for 2 s; a 2000x2000 PNG against --max-item-patches 256.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import threading
+import time
+
+from benchmarks import common
+from benchmarks.common import log, markdown_table
+from benchmarks.workloads import attacks as sa
+from benchmarks.workloads import traffic as st
+
+AGAINST = "also measure this revision's server (first)"
+
+
+def add_args(p) -> None:
+    p.add_argument("--attacks", help="N:M pairs, sockets : --max-connections (default 24:16,520:512; '': none)")
+    p.add_argument("--bounds", default="", help="--max-item-patches values for more big phases (working tree)")
+    p.add_argument("--seconds", type=float, help="how long each attack lasts (default 30; --quick 2)")
+    p.add_argument("--skip-big", action="store_true")
+
+
+def attack(ckpt: str, tree: pathlib.Path, label: str, sockets: int, max_connections: int, seconds: float) -> dict:
+    """N hostile sockets kept open against --max-connections M; a real client once a second."""
+    import httpx
+
+    flags = ["--max-connections", max_connections]
+    with st.Server(
+        ckpt, *flags, log=st.bench_dir() / f"hostile_{label}.log", env=st.server_env(tree), cwd=tree
+    ) as server:
+        body = st.body([st.jpeg(112, 112, seed=1)])
+        assert httpx.post(server.url + st.ROUTE, content=body, timeout=120).status_code == 200  # warm
+        groups = [sa.Sockets(server.port, silent=sockets // 2, slow=sockets - sockets // 2)]
+        t0, first, statuses, next_try, reopened = time.monotonic(), None, [], time.monotonic() + 0.5, 0
+        with st.RssSampler(server) as rss:
+            while time.monotonic() - t0 < seconds:
+                gone = sum(len(g.closed) for g in groups)
+                if gone > reopened:  # keep N open: a persistent attacker
+                    groups.append(sa.Sockets(server.port, silent=gone - reopened))
+                    reopened = gone
+                if time.monotonic() >= next_try:
+                    next_try += 1.0
+                    try:
+                        status = httpx.post(server.url + st.ROUTE, content=body, timeout=10).status_code
+                    except httpx.HTTPError as e:
+                        status = type(e).__name__
+                    statuses.append(status)
+                    if status == 200 and first is None:
+                        first = time.monotonic() - t0
+                time.sleep(0.05)
+        for g in groups:
+            g.close()
+        memory = rss.summary()
+        closed = {k: v for k, v in st.metrics(server.url).items() if k.startswith("qvj_connections_closed_total")}
+    counts = {str(s): statuses.count(s) for s in sorted(set(statuses), key=str)}
+    log(f"{label} attack {sockets} vs {max_connections}: first 200 at {first} s, {counts}, reopened {reopened}")
+    return {"first_200_s": first, "statuses": counts, "reopened": reopened, "closed": closed, "rss": memory}
+
+
+def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int) -> dict:
+    """The side x side PNG (7000: 49 MP) and a small one a second later, after a warm-up pair."""
+    import httpx
+
+    def send(blob: bytes, out: dict, key: str) -> None:
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(server.url + st.ROUTE, content=st.body([blob]), timeout=300)
+            out[key] = (r.status_code, time.monotonic() - t0, r.json()["data"][0]["grid_thw"] if r.is_success else None)
+        except httpx.HTTPError as e:
+            out[key] = (type(e).__name__, time.monotonic() - t0, None)
+
+    log_path = st.bench_dir() / f"hostile_big_{label}.log"
+    with st.Server(ckpt, *flags, log=log_path, env=st.server_env(tree), cwd=tree) as server:
+        rounds = {}
+        for name, seed in (("warm-up", 0), ("timed", 1)):
+            big_png, small = _big_png(seed, side), st.jpeg(112, 112, seed=100 + seed)
+            out: dict = {}
+            with st.RssSampler(server) as rss:
+                t = threading.Thread(target=send, args=(big_png, out, "big"))
+                t.start()
+                time.sleep(1.0)
+                send(small, out, "small")
+                t.join()
+            rounds[name] = {**out, "rss": rss.summary()}
+            log(f"{label} {name}: big {out['big']}, small {out['small']}")
+    return rounds["timed"]
+
+
+def _big_png(seed: int, side: int) -> bytes:
+    """sa.big_png with its gradient block moved by `seed` (other bytes, the same size)."""
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(sa.big_png(side)))
+    im.paste((seed * 37 % 256, 60, 90), (10 + seed, 10, 200 + seed, 200))
+    buf = io.BytesIO()
+    im.save(buf, "PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def run(args) -> dict:
+    st.bench_dir().mkdir(parents=True, exist_ok=True)
+    ckpt = common.run_worker("common", "demo", {"model": "tiny"})["path"]
+    rev = common.rev_info(args.against) if args.against else None
+    trees = ({rev["hash"][:7]: common.worktree(rev["hash"])} if rev else {}) | {"working tree": common.ROOT}
+    attacks = args.attacks if args.attacks is not None else ("4:2" if args.quick else "24:16,520:512")
+    seconds = args.seconds or (2.0 if args.quick else 30.0)
+    pairs = [tuple(int(x) for x in a.split(":")) for a in attacks.split(",") if a]
+    side = 2000 if args.quick else 7000
+    results = {}
+    for label, tree in trees.items():
+        res = results[label] = {"attacks": {}, "big": {}}
+        for n, m in pairs:
+            res["attacks"][f"{n}:{m}"] = attack(ckpt, tree, label.replace(" ", "_"), n, m, seconds)
+        bounds = [None] + ([int(x) for x in args.bounds.split(",") if x] if tree == common.ROOT else [])
+        if args.quick:
+            bounds = [256]
+        for bound in [] if args.skip_big else bounds:
+            flags = [] if bound is None else ["--max-item-patches", bound]
+            res["big"][str(bound or "")] = big(ckpt, tree, f"{label.replace(' ', '_')}_{bound}", flags, side)
+    return {"seconds": seconds, "big_side": side, "against": rev, "results": results}
+
+
+def report(result: dict) -> str:
+    d, rows = result["data"], []
+    for label, res in d["results"].items():
+        for pair, a in res["attacks"].items():
+            n, m = pair.split(":")
+            first = "**never**" if a["first_200_s"] is None else f"first 200 after {a['first_200_s']:.1f} s"
+            closed = ", ".join(f"{k.split('=')[1].rstrip('}')} {v:.0f}" for k, v in a["closed"].items() if v)
+            notes = f"1 request/s for {d['seconds']:.0f} s: {a['statuses']}"
+            notes += f"; reopened {a['reopened']}" if a.get("reopened") is not None else ""
+            notes += f"; closed: {closed or '-'}"
+            if a.get("rss"):
+                notes += f"; RSS {a['rss']['before_mb']:.0f} -> {a['rss']['peak_mb']:.0f} MB"
+            rows.append([label, f"{n} idle / slow sockets vs `--max-connections {m}`", first, notes])
+        for bound, b in res["big"].items():
+            (bs, bt, grid), (ss, stime, _), mem = b["big"], b["small"], b["rss"]
+            server = label + (f", `--max-item-patches {bound}`" if bound else "")
+            mp = d["big_side"] ** 2 / 1e6
+            rows.append(
+                [
+                    server,
+                    f"{d['big_side']}x{d['big_side']} PNG ({mp:.0f} MP)",
+                    f"{bt:.1f} s ({bs})",
+                    f"grid {grid}" if grid else "-",
+                ]
+            )
+            rows.append([server, "112x112 JPEG sent 1 s after it", f"{stime:.1f} s ({ss})"])
+            rows[-1].append(f"RSS {mem['before_mb']:.0f} -> peak {mem['peak_mb']:.0f} -> {mem['after_mb']:.0f} MB")
+    return (
+        "`qwen-vit-jax serve` on 127.0.0.1, the demo's tiny Qwen2.5-VL tower with the released preprocessing "
+        "(max_pixels 12,845,056), float32, every flag at its default but the ones named; attackers and clients "
+        "in the same box:\n\n" + markdown_table(["server", "attack", "result", "notes"], rows)
+    )
+
+
+WORKERS: dict = {}
