@@ -259,11 +259,16 @@ def run(args) -> dict:
     return out
 
 
+def said(stop: dict) -> str:
+    """The run's last line of stderr, its temporary folder named OUT's."""
+    return re.sub(r"/\S*qvj-bench-faults-\w+/o\.parquet", "OUT.parquet", stop["said"]).strip()
+
+
 def report(result: dict) -> str:
     d, n = result["data"], result["data"]["n"]
     rows = [
-        [s["stop"], s["rc"], f"{s['exit_s']:.2f}", f"{s['gone_s']:.2f}", f"{s['checkpointed']} of {n}", s["kept"]]
-        + [s["tmp_left"]]
+        [s["stop"], s["rc"] if s["rc"] >= 0 else "killed", f"{s['exit_s']:.2f}", f"{s['gone_s']:.2f}"]
+        + [f"{s['checkpointed']} of {n}", s["kept"], s["tmp_left"]]
         for s in d["stops"]
     ]
     if d.get("full"):
@@ -279,7 +284,11 @@ def report(result: dict) -> str:
             rows,
         )  # fmt: skip
         + "\n\n"
-        + "\n".join(f"- {s['stop']}: {s['said']}" for s in d["stops"] + ([d["full"]] if d.get("full") else []))
+        + "\n".join(
+            f"- {s['stop']}, its last line: `{said(s)}`"
+            for s in d["stops"] + ([d["full"]] if d.get("full") else [])
+            if s["rc"] >= 0  # a killed run says nothing (its last line is the resource tracker's)
+        )
     )
     rows = [[c["row"], c["form"], c["rows"], f"{c['mb']:.3f}", f"{c['ms']:.1f}"] for c in d["checkpoint"]]
     text += f"\n\nA save, median of {d['repeats']}, one process (`open_sink`, then `checkpoint()`):\n\n"

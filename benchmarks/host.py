@@ -138,7 +138,8 @@ def stages_ours(p: dict) -> dict:
     from qwen_vit_jax.data.inputs import load_image
     from qwen_vit_jax.data.pipeline import tune_allocator
 
-    tune_allocator()  # as every worker process of the pipeline
+    if not common.IN_PROCESS:  # process-wide: as every worker process of the pipeline, never the caller's
+        tune_allocator()
     from qwen_vit_jax.preprocess import images as I
     from qwen_vit_jax.preprocess.config import PreprocessConfig, video_config_for
     from qwen_vit_jax.presets import QWEN2_5_VL_3B
@@ -299,7 +300,8 @@ def loader(p: dict) -> dict:
     import qwen_vit_jax as qvj
     from qwen_vit_jax.data.pipeline import tune_allocator
 
-    tune_allocator()  # as the CLI
+    if not common.IN_PROCESS:  # process-wide: as the CLI, never the caller's
+        tune_allocator()
     paths = sorted(str(x) for x in pathlib.Path(p["folder"]).iterdir())
     rates: dict[str, list] = {str(w): [] for w in p["workers"]}
     for _ in range(p["rounds"]):

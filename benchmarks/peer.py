@@ -1,7 +1,7 @@
 """The JAX peer: EasyDeL 0.3.0's jitted Qwen2VLVisionTransformer vs our VisionEncoder on the
 Qwen2-VL-2B tower, float32, one image per call.
 
-Same weights: one HF checkpoint (random weights, as in bench_forward), converted by us
+Same weights: one HF checkpoint (random weights, as in the forward suite), converted by us
 (convert_checkpoint) and by EasyDeL itself (from_pretrained(..., from_torch=True), reading
 a hub-layout copy of config.json: EasyDeL 0.3.0 cannot read the nested text_config that
 transformers 5.x writes). EasyDeL's forward loops over grid_thw in Python and splits

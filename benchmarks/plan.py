@@ -126,61 +126,30 @@ def run(args) -> dict:
 
 
 def report(result: dict) -> str:
-    d = result["data"]
-    thr = d["torch_threads"]
-    fmt = common.fmt_seconds
-    heads = [
-        "case",
-        "patches",
-        f"HF {thr['HF']} thr",
-        "HF 1 thr",
-        "ours uncached",
-        "ours cached",
-        "HF / uncached",
-        "HF / cached",
-    ]
+    d, fmt = result["data"], common.fmt_seconds
+    rev = d["against"]["hash"][:7] if d.get("against") else None
+    heads = ["case", "patches", f"HF {d['torch_threads']['HF']} thr", "HF 1 thr", "ours uncached", "ours cached"]
+    heads += ["HF / uncached", "HF / cached"] + ([f"{rev} uncached", f"{rev} / ours"] if rev else [])
     rows = []
     for c in d["cases"]:
         hf = min(c["HF"]["times"], c["HF 1 thread"]["times"])
         u, k = c["ours"]["uncached"], c["ours"]["cached"]
         rows.append(
-            [
-                c["case"],
-                c["patches"],
-                fmt(c["HF"]["times"]),
-                fmt(c["HF 1 thread"]["times"]),
-                fmt(u),
-                fmt(k),
-                f"{hf / u:.1f}x",
-                f"{hf / k:.0f}x",
-            ]
+            [c["case"], c["patches"], fmt(c["HF"]["times"]), fmt(c["HF 1 thread"]["times"]), fmt(u), fmt(k)]
+            + [f"**{hf / u:.1f}x**" if hf / u < 100 else f"**{hf / u:.0f}x**", f"{hf / k:.0f}x"]
+            + ([fmt(c["REV"]["uncached"]), f"{c['REV']['uncached'] / u:.2f}x"] if rev else [])
         )
-    text = (
-        f"Medians of {d['rounds']} round(s) x {d['repeats']} calls per process; ratios against the faster "
-        f"HF run; uncached = every plan cache cleared before each call.\n\n" + common.markdown_table(heads, rows)
-    )
     worst = min(min(c["HF"]["times"], c["HF 1 thread"]["times"]) / c["ours"]["uncached"] for c in d["cases"])
-    big = d["cases"][-1]
-    met = ("missed", "met")
-    text += (
-        f"\n\nTargets: >= 20x HF uncached on every case {met[worst >= 20]} (least {worst:.1f}x); <= 1 ms "
-        f"uncached at 130k patches {met[big['ours']['uncached'] <= 1e-3]} ({fmt(big['ours']['uncached'])})."
+    big, met = d["cases"][-1]["ours"]["uncached"], ("missed", "met")
+    return (
+        f"Medians of {d['rounds']} round(s) x {d['repeats']} calls per process; ratios against the faster HF run; "
+        "uncached = every plan cache cleared before each call"
+        + (f"; {rev} = ours at that revision in the same rounds" if rev else "")
+        + ".\n\n"
+        + common.markdown_table(heads, rows)
+        + f"\n\nTargets: >= 20x HF uncached on every case {met[worst >= 20]} (least {worst:.1f}x); <= 1 ms "
+        f"uncached at 130k patches {met[big <= 1e-3]} ({fmt(big)})."
     )
-    if d.get("against"):
-        rev = d["against"]["hash"][:7]
-        rows = [
-            [
-                c["case"],
-                fmt(c["REV"]["uncached"]),
-                fmt(c["ours"]["uncached"]),
-                f"{c['REV']['uncached'] / c['ours']['uncached']:.2f}x",
-            ]
-            for c in d["cases"]
-        ]
-        text += f"\n\nOurs at {rev} in the same rounds:\n\n" + common.markdown_table(
-            ["case", f"{rev} uncached", "tree uncached", f"{rev} / tree"], rows
-        )
-    return text
 
 
 WORKERS = {"ours": ours_worker, "hf": hf_worker}

@@ -55,8 +55,7 @@ def caption(result: dict) -> str:
     where = f"[results/{result['file']}](results/{result['file']})"
     if rev.get("hash") and not result.get("transcribed"):
         where += f", revision {rev['hash'][:7]}{' + changes' if rev.get('dirty') else ''}"
-    lines.append(f"`{result['command']}` ({where}):")
-    return "\n".join(lines)
+    return f"{lines[0]}; `{result['command']}` ({where}):"
 
 
 def section(result: dict) -> str:

@@ -1,6 +1,6 @@
 """HF 5.24's video processors on the test clips, in the reference venv (benchmarks/video_reference.sh).
 
-For every clip of tests/video_samples.py and every case below, HF's `Qwen2VLVideoProcessor` /
+For every clip of benchmarks/workloads/clips.py and every case below, HF's `Qwen2VLVideoProcessor` /
 `Qwen3VLVideoProcessor` (torchvision backend) runs on the clip's frames, decoded with PyAV exactly as
 HF's PyAV reader decodes them (`frame.to_ndarray(format="rgb24")`), with the container's metadata as
 `video_metadata` (total_num_frames, fps) and `do_sample_frames=True`. Recorded per case: HF's sampled
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "data", "video_reference.json"))
     args = ap.parse_args(argv)
     doc = {
-        "what": "HF transformers video processors on tests/video_samples.py clips (benchmarks/video_reference.py)",
+        "what": "HF transformers video processors on the clips of benchmarks/workloads/clips.py (video_reference.py)",
         "versions": {
             "transformers": transformers.__version__,
             "torch": torch.__version__,
