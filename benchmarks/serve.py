@@ -4,7 +4,7 @@
     python -m benchmarks serve                      # the demo's tiny tower
     python -m benchmarks serve --model 3b           # the real 3B tower (random weights): results/serve-3b.json
     python -m benchmarks serve --against REV [--cold]   # saturation only, the working tree vs REV's server
-    python -m benchmarks serve --quick              # 8 requests a phase, 1 s phases: does it run?
+    python -m benchmarks serve --quick              # 8 requests a phase of one size, 1 s phases: does it run?
 
 Inputs: one JPEG per request, answered in base64 as qvj.serve.Client asks (`request`); JPEGs
 (quality 90, a gradient plus noise, each its own seed) whose sizes cycle through workloads/grids.py's
@@ -194,13 +194,15 @@ def run(args) -> dict:
     work().mkdir(parents=True, exist_ok=True)
     ckpt = demo_checkpoint(args.model)
     n, c = args.n, args.concurrency
+    sizes = 1 if args.quick else 5  # quick: one image size, the fewest programs to compile
     log(f"images: {args.warmup_rounds} x {args.warmup} warm-up, {n} x 3 phases, kill {n}")
-    warm, sat = images("warmup", args.warmup * args.warmup_rounds), images("saturation", n)
-    cache_new, kill = images("cache", n // 2), images("kill", n)
+    warm, sat = images("warmup", args.warmup * args.warmup_rounds, sizes), images("saturation", n, sizes)
+    cache_new, kill = images("cache", n // 2, sizes), images("kill", n, sizes)
     log("offline encode (twice) ...")
     off = offline(ckpt, sat, args.dtype, 0 if args.quick else args.workers, args.quick)
     log(f"offline: {off['images_per_s']:.2f} images/s")
     out: dict = {"mode": "phases", "model": args.model, "dtype": args.dtype, "workers": args.workers, "concurrency": c}
+    out["sizes"] = sizes
     out["offline"] = off
     flags = ["--dtype", args.dtype, "--workers", args.workers, "--max-queue", args.max_queue]
     log_path = work() / "server.log"
@@ -232,7 +234,7 @@ def run(args) -> dict:
         log(f"saturation: {rate:.2f} images/s ({out['saturation']['vs_offline']:.2f}x offline)")
 
         k = max(int(0.5 * rate * args.seconds), 10)
-        lat_bodies = [request(b) for b in images("latency", k)]
+        lat_bodies = [request(b) for b in images("latency", k, sizes)]
         results, wall = asyncio.run(st.open_loop(server.url, lat_bodies, 0.5 * rate, seed=1, timeout=TIMEOUT))
         ok_s = [r.seconds for r in results if r.status == 200]
         out["latency"] = {
@@ -263,7 +265,7 @@ def run(args) -> dict:
         capacity = max(rate, off["images_per_s"])
         k = max(int(2 * capacity * max(args.seconds, 2 * args.max_queue / capacity)), 20)
         k = min(k, 64) if args.quick else k
-        over_bodies = [request(b) for b in images("overload", k)]
+        over_bodies = [request(b) for b in images("overload", k, sizes)]
         base = server.rss_mb()
         with RssSampler(server) as rss:
             results, wall = asyncio.run(
@@ -380,8 +382,9 @@ def report(result: dict) -> str:
     ]
     return (
         f"`qwen-vit-jax serve --workers {r['workers']}` on 127.0.0.1, the demo's {r['model']} tower, {r['dtype']}, "
-        f"{r['concurrency']} asyncio + httpx clients in the same box, one JPEG per request in 5 sizes (64-192 "
-        "patches), base64 answers, warmed up on other images:\n\n" + markdown_table(["measure", "value", "notes"], rows)
+        f"{r['concurrency']} asyncio + httpx clients in the same box, one JPEG per request in {r.get('sizes', 5)} "
+        "sizes (64-192 patches), base64 answers, warmed up on other images:\n\n"
+        + markdown_table(["measure", "value", "notes"], rows)
     )
 
 

@@ -20,7 +20,7 @@ the answers' statuses beside: a cold server may meet its --timeout), device call
 item (from /metrics), programs compiled or loaded during the loop, and the server's RSS (its process
 and workers) peak during the loop and at its end. The scenarios alternate within each round
 (--rounds): the box is shared, so compare within a round. --quick: 4 images, 1 client, the cold
-scenario alone.
+scenario alone, one image size.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run(args) -> dict:
         trees["rev"] = common.worktree(rev["hash"])
     runs: dict[str, list[dict]] = {}
     for r in range(args.rounds):
-        blobs = st.phase_images("saturation", n)  # every server meets the same images for the first time
+        blobs = st.phase_images("saturation", n, 1 if args.quick else 5)  # every server meets them for the first time
         for c in clients:
             fresh = {k: tempfile.mkdtemp(prefix="qvj-cold-", dir=st.bench_dir()) for k in ("rev", "cold", "warm")}
             plan = [("cold", "ours", fresh["cold"], ["--no-warmup-batches"])]

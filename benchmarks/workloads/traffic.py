@@ -430,12 +430,13 @@ SEEDS = {"warmup": 0, "saturation": 100_000, "latency": 200_000, "cache": 300_00
 TIMEOUT = 120.0  # s, the clients' limit: past the server's own (--timeout 60, a 504), so no answer is cut off
 
 
-def phase_images(phase: str, n: int) -> list[bytes]:
-    """`n` JPEGs of a phase, their sizes cycling through the service's 5 (grids.SERVE_SIDES)."""
+def phase_images(phase: str, n: int, sizes: int = 5) -> list[bytes]:
+    """`n` JPEGs of a phase, their sizes cycling through the first `sizes` of the service's 5
+    (grids.SERVE_SIDES; one size: batches of one shape per item count, the fewest programs)."""
     from benchmarks.workloads.grids import SERVE_SIDES
 
     base = SEEDS[phase]
-    return [jpeg(*SERVE_SIDES[i % len(SERVE_SIDES)], seed=base + i) for i in range(n)]
+    return [jpeg(*SERVE_SIDES[i % sizes], seed=base + i) for i in range(n)]
 
 
 def request(image: bytes) -> bytes:
