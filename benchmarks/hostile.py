@@ -25,6 +25,7 @@ Phases, per tree (the baseline's first):
 
 from __future__ import annotations
 
+import functools
 import io
 import pathlib
 import threading
@@ -43,6 +44,8 @@ def add_args(p) -> None:
     p.add_argument("--bounds", default="", help="--max-item-patches values for more big phases (working tree)")
     p.add_argument("--seconds", type=float, help="how long each attack lasts (default 30; --quick 2)")
     p.add_argument("--skip-big", action="store_true")
+    p.add_argument("--edges", help=f"edge cases (default {','.join(EDGE_CASES)}; --quick user,head; '': none)")
+    p.add_argument("--edge-seconds", type=float, help="how long the head, answer and bodies cases last (default 15)")
 
 
 def attack(ckpt: str, tree: pathlib.Path, label: str, sockets: int, max_connections: int, seconds: float) -> dict:
@@ -111,6 +114,95 @@ def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int) -> di
     return rounds["timed"]
 
 
+def edges(ckpt: str, tree: pathlib.Path, label: str, cases: list[str], seconds: float, answer_s: float) -> dict:
+    """The edge cases against one server of `tree`, one after another."""
+    import httpx
+
+    flags = ["--max-connections", 40]
+    with st.Server(
+        ckpt, *flags, log=st.bench_dir() / f"hostile_edges_{label}.log", env=st.server_env(tree), cwd=tree
+    ) as server:
+        assert httpx.post(server.url + st.ROUTE, content=st.body([st.jpeg(112, 112, seed=1)]), timeout=120).is_success
+        out = {}
+        ico = _ico_body() if "ico" in cases else None  # made here, before the clocks start
+        for k, case in enumerate(cases):
+            time.sleep(2.0)  # the last case's memory returned
+            with st.RssSampler(server) as rss:
+                probe = sa.Prober(server.url, seed=k + 1)
+                t0 = time.monotonic()
+                if case == "ico":
+                    done: list = []
+
+                    def send_ico(done=done):
+                        try:
+                            r = httpx.post(server.url + st.ROUTE, content=ico, timeout=120)
+                            done.append(r.status_code)
+                        except httpx.HTTPError as e:
+                            done.append(type(e).__name__)
+
+                    ts = [threading.Thread(target=send_ico) for _ in range(4)]
+                    for t in ts:
+                        t.start()
+                    for t in ts:
+                        t.join(150)
+                    result = {"statuses": {str(s): done.count(s) for s in set(done)}}
+                elif case == "head":
+                    result = sa.flood_heads(server.port, 20, seconds)
+                elif case == "answer":  # the 16,384-patch call takes 10-20 s on 2 cores, then S to cut off
+                    result = sa.non_readers(server.port, 3, answer_s)
+                elif case == "user":
+                    result = sa.huge_user(server.url)
+                elif case == "bodies":
+                    result = sa.stalled_bodies(server.port, 40, seconds)
+                else:
+                    raise ValueError(f"--edges: unknown case {case!r}")
+                result["seconds"] = result.get("seconds", time.monotonic() - t0)
+                time.sleep(1.0)
+            out[case] = {**result, "small": probe.stop(), "rss": rss.summary()}
+            log(f"{label} {case}: {out[case]}")
+        closed = {k: v for k, v in st.metrics(server.url).items() if k.startswith("qvj_connections_closed_total")}
+        out["closed"] = closed
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _ico_body() -> bytes:
+    return st.body([sa.ico_holding(12000)])
+
+
+EDGE_CASES = {
+    "ico": "4 ICOs at once: a 16x16 entry holding a 12000x12000 PNG",
+    "head": "20 connections streaming a request header",
+    "answer": "3 clients not reading a 64 x 1792x1792 answer",
+    "user": '"user": 10M empty lists (30 MB body)',
+    "bodies": "40 stalled bodies from 127.0.0.2, --max-connections 40",
+}
+
+
+def _edge_row(label: str, case: str, r: dict) -> list[str]:
+    small, mem = r["small"], r["rss"]
+    if case == "ico":
+        what = f"statuses {r['statuses']}"
+    elif case == "head":
+        what = f"{r['sent_mb']:.0f} MB sent; answers {r['answers']}"
+    elif case == "answer":
+        closed = r["closed_after_s"]
+        what = f"closed after {', '.join(f'{c:.1f}' for c in closed)} s" if closed else "never closed"
+    elif case == "user":
+        what = f"{r['status']} in {r['seconds']:.1f} s"
+    else:
+        what = f"answers {r['answers']}; reopened {r['reopened']}"
+    med = "-" if small["median_s"] != small["median_s"] else f"{small['median_s']:.2f} s"
+    worst = "-" if small["max_s"] is None else f"{small['max_s']:.1f} s"
+    return [
+        label,
+        EDGE_CASES[case],
+        what,
+        f"{small['statuses']}, median {med}, max {worst}",
+        f"{mem['before_mb']:.0f} -> {mem['peak_mb']:.0f} -> {mem['after_mb']:.0f}",
+    ]
+
+
 def _big_png(seed: int, side: int) -> bytes:
     """sa.big_png with its gradient block moved by `seed` (other bytes, the same size)."""
     from PIL import Image
@@ -131,6 +223,14 @@ def run(args) -> dict:
     seconds = args.seconds or (2.0 if args.quick else 30.0)
     pairs = [tuple(int(x) for x in a.split(":")) for a in attacks.split(",") if a]
     side = 2000 if args.quick else 7000
+    cases = [
+        c
+        for c in (args.edges if args.edges is not None else "user,head" if args.quick else ",".join(EDGE_CASES)).split(
+            ","
+        )
+        if c
+    ]
+    edge_s = args.edge_seconds or (1.0 if args.quick else 15.0)
     results = {}
     for label, tree in trees.items():
         res = results[label] = {"attacks": {}, "big": {}}
@@ -142,7 +242,9 @@ def run(args) -> dict:
         for bound in [] if args.skip_big else bounds:
             flags = [] if bound is None else ["--max-item-patches", bound]
             res["big"][str(bound or "")] = big(ckpt, tree, f"{label.replace(' ', '_')}_{bound}", flags, side)
-    return {"seconds": seconds, "big_side": side, "against": rev, "results": results}
+        if cases:  # the answer case: a 16,384-patch call (10-20 s on 2 cores), then the cut-off
+            res["edges"] = edges(ckpt, tree, label.replace(" ", "_"), cases, edge_s, 90.0)
+    return {"seconds": seconds, "big_side": side, "edge_seconds": edge_s, "against": rev, "results": results}
 
 
 def report(result: dict) -> str:
@@ -172,11 +274,25 @@ def report(result: dict) -> str:
             )
             rows.append([server, "112x112 JPEG sent 1 s after it", f"{stime:.1f} s ({ss})"])
             rows[-1].append(f"RSS {mem['before_mb']:.0f} -> peak {mem['peak_mb']:.0f} -> {mem['after_mb']:.0f} MB")
-    return (
+    text = (
         "`qwen-vit-jax serve` on 127.0.0.1, the demo's tiny Qwen2.5-VL tower with the released preprocessing "
         "(max_pixels 12,845,056), float32, every flag at its default but the ones named; attackers and clients "
-        "in the same box:\n\n" + markdown_table(["server", "attack", "result", "notes"], rows)
+        "in the same box"
     )
+    attacked = bool(rows)
+    if attacked:
+        text += ":\n\n" + markdown_table(["server", "attack", "result", "notes"], rows)
+    cases = list(dict.fromkeys(c for res in d["results"].values() for c in res.get("edges", {}) if c in EDGE_CASES))
+    if cases:  # the trees side by side, case by case
+        rows = [_edge_row(label, c, res["edges"][c]) for c in cases for label, res in d["results"].items()]
+        head = ["server", "case", "result", "a small request meanwhile", "RSS MB before -> peak -> after"]
+        text += (
+            ("" if attacked else ".")
+            + "\n\nThe edges: one server per tree (`--max-connections 40`), the cases one after another (each at most "
+            f"{d.get('edge_seconds', 15):g} s), a real client sending a fresh 112x112 JPEG once a second meanwhile:\n\n"
+            + markdown_table(head, rows)
+        )
+    return text
 
 
 WORKERS: dict = {}

@@ -53,6 +53,7 @@ def server(tiny_dirs, tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "noav"), *sys.path]))
     flags = ["--workers", 2, "--max-batch-patches", BUDGET, "--header-timeout", HEADER_TIMEOUT]
     flags += ["--max-connections", MAX_CONNECTIONS, "--api-key-file", root / "key", "--timeout", 60]
+    flags += ["--max-peer-bodies", MAX_CONNECTIONS]  # every test socket comes from 127.0.0.1
     with st.Server(tiny_dirs[1], *flags, log=root / "server.log", env=env) as s:
         yield s
 
@@ -193,7 +194,7 @@ def test_the_serve_extra_carries_pyav():
 
 
 def test_a_server_without_pyav_answers_a_video_with_a_5xx_naming_the_extra(server, tmp_path):
-    from video_samples import write_clip
+    from benchmarks.workloads.clips import write_clip
 
     with open(write_clip(tmp_path / "clip.mp4", "png_odd_97x61_7fps_3s"), "rb") as f:
         clip = f.read()
