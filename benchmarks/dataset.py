@@ -450,16 +450,16 @@ def report(result: dict) -> str:
     rows.append(["`EmbeddingCache.get` alone", f"{c['get']['entries']:,} hits", "", f"{c['get']['ms_per_hit']:.2f}"])
     rows.append(["`EmbeddingCache.put` alone", f"{c['get']['puts']:,} entries", "", f"{c['get']['ms_per_put']:.2f}"])
     lines.append(markdown_table(["run", "inputs", "encode s", "ms per input"], rows))
+    v = res["cache_vs_cli"]
+    last = f"\nCached run vs no `--cache`: {v['common']:,} keys, max abs diff {v['max_abs']:.2e}."
     if "past_start_up_ms" in res:
         per = res["past_start_up_ms"]
-        lines.append(
-            f"\nPast start-up ((encode s at {n:,} - at {small:,}) / {n - small:,}): {per['encoded']:.2f} ms per input "
+        last += (
+            f" Past start-up ((encode s at {n:,} - at {small:,}) / {n - small:,}): {per['encoded']:.2f} ms per input "
             f"encoded, {per['cache_hit']:.2f} ms per cache hit (a hit is still read, decoded and cut into patches by "
             "the workers)."
         )
-    v = res["cache_vs_cli"]
-    lines.append(f"\nCached run vs no `--cache`: {v['common']:,} keys, max abs diff {v['max_abs']:.2e}.")
-    return "\n".join(lines)
+    return "\n".join([*lines, last])
 
 
 WORKERS = {"ray": ray_run, "cache_get": cache_get}

@@ -277,18 +277,18 @@ def report(result: dict) -> str:
     text = (
         "`qwen-vit-jax serve` on 127.0.0.1, the demo's tiny Qwen2.5-VL tower with the released preprocessing "
         "(max_pixels 12,845,056), float32, every flag at its default but the ones named; attackers and clients "
-        "in the same box"
+        "in the same box."
     )
     attacked = bool(rows)
     if attacked:
-        text += ":\n\n" + markdown_table(["server", "attack", "result", "notes"], rows)
+        text = text[:-1] + ":\n\n" + markdown_table(["server", "attack", "result", "notes"], rows) + "\n\n"
     cases = list(dict.fromkeys(c for res in d["results"].values() for c in res.get("edges", {}) if c in EDGE_CASES))
     if cases:  # the trees side by side, case by case
         rows = [_edge_row(label, c, res["edges"][c]) for c in cases for label, res in d["results"].items()]
         head = ["server", "case", "result", "a small request meanwhile", "RSS MB before -> peak -> after"]
         text += (
-            ("" if attacked else ".")
-            + "\n\nThe edges: one server per tree (`--max-connections 40`), the cases one after another (each at most "
+            ("" if attacked else " ")
+            + "The edges: one server per tree (`--max-connections 40`), the cases one after another (each at most "
             f"{d.get('edge_seconds', 15):g} s), a real client sending a fresh 112x112 JPEG once a second meanwhile:\n\n"
             + markdown_table(head, rows)
         )
