@@ -4,6 +4,7 @@ process (workloads/attacks.py).
 
     python -m benchmarks hostile                   # the working tree
     python -m benchmarks hostile --against main    # and a revision's server (first)
+    python -m benchmarks hostile --against main --attacks '' --skip-big --label edges   # the edges alone
 
 Phases, per tree (the baseline's first):
 
@@ -19,12 +20,27 @@ Phases, per tree (the baseline's first):
            (the buckets compiled or loaded from the serve suites' compilation cache, untimed). The
            server's RSS (its process and workers) every 0.25 s: before, peak, after. Again for
            each `--max-item-patches N` of --bounds (the working tree only: a baseline may not know it).
+  edges    one server per tree (`--max-connections 40`, other flags the defaults), the cases of --edges
+           one after another, each for at most --edge-seconds; meanwhile a real client sends a fresh
+           112x112 JPEG once a second (a fresh connection, 30 s timeout, from 127.0.0.1): its
+           latencies and statuses. The server's RSS (its workers included): before, peak, after.
+             ico     4 ICOs at once, each a 16x16 directory entry holding a 12000x12000 PNG
+             head    20 connections streaming one request header as fast as they can (reconnecting
+                     when closed)
+             answer  3 clients asking for 64 identical 1792x1792 images (16,384 patches each: one
+                     device call, then the cache) in float JSON, never reading the answer (until the
+                     server has closed all three, 90 s at most)
+             user    a body whose "user" holds 10 million empty lists (30 MB)
+             bodies  40 request bodies that stall after 16 bytes, from 127.0.0.2 (another client
+                     address), kept at 40 (the attacker reopens what is closed)
 
---quick: 4 sockets vs --max-connections 2 for 2 s; a 2000x2000 PNG against --max-item-patches 256.
+--quick: every phase on one server (--max-connections 2 --max-item-patches 256): 4 sockets for 2 s,
+a 2000x2000 PNG, the "user" edge case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import pathlib
@@ -44,18 +60,30 @@ def add_args(p) -> None:
     p.add_argument("--bounds", default="", help="--max-item-patches values for more big phases (working tree)")
     p.add_argument("--seconds", type=float, help="how long each attack lasts (default 30; --quick 2)")
     p.add_argument("--skip-big", action="store_true")
-    p.add_argument("--edges", help=f"edge cases (default {','.join(EDGE_CASES)}; --quick user,head; '': none)")
+    p.add_argument("--edges", help=f"edge cases (default {','.join(EDGE_CASES)}; --quick user; '': none)")
     p.add_argument("--edge-seconds", type=float, help="how long the head, answer and bodies cases last (default 15)")
 
 
-def attack(ckpt: str, tree: pathlib.Path, label: str, sockets: int, max_connections: int, seconds: float) -> dict:
+@contextlib.contextmanager
+def server_of(ckpt: str, tree: pathlib.Path, name: str, flags: list, shared=None):
+    """A server of `tree` with `flags` (its log: hostile_NAME.log), or `shared`, one already running (the
+    quick runs: every phase on one server)."""
+    if shared is not None:
+        yield shared
+        return
+    log_path = st.bench_dir() / f"hostile_{name}.log"
+    with st.Server(ckpt, *flags, log=log_path, env=st.server_env(tree), cwd=tree) as server:
+        yield server
+
+
+def attack(
+    ckpt, tree: pathlib.Path, label: str, sockets: int, max_connections: int, seconds: float, shared=None
+) -> dict:
     """N hostile sockets kept open against --max-connections M; a real client once a second."""
     import httpx
 
     flags = ["--max-connections", max_connections]
-    with st.Server(
-        ckpt, *flags, log=st.bench_dir() / f"hostile_{label}.log", env=st.server_env(tree), cwd=tree
-    ) as server:
+    with server_of(ckpt, tree, label, flags, shared) as server:
         body = st.body([st.jpeg(112, 112, seed=1)])
         assert httpx.post(server.url + st.ROUTE, content=body, timeout=120).status_code == 200  # warm
         groups = [sa.Sockets(server.port, silent=sockets // 2, slow=sockets - sockets // 2)]
@@ -85,7 +113,7 @@ def attack(ckpt: str, tree: pathlib.Path, label: str, sockets: int, max_connecti
     return {"first_200_s": first, "statuses": counts, "reopened": reopened, "closed": closed, "rss": memory}
 
 
-def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int) -> dict:
+def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int, shared=None) -> dict:
     """The side x side PNG (7000: 49 MP) and a small one a second later, after a warm-up pair."""
     import httpx
 
@@ -97,8 +125,7 @@ def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int) -> di
         except httpx.HTTPError as e:
             out[key] = (type(e).__name__, time.monotonic() - t0, None)
 
-    log_path = st.bench_dir() / f"hostile_big_{label}.log"
-    with st.Server(ckpt, *flags, log=log_path, env=st.server_env(tree), cwd=tree) as server:
+    with server_of(ckpt, tree, f"big_{label}", flags, shared) as server:
         rounds = {}
         for name, seed in (("warm-up", 0), ("timed", 1)):
             big_png, small = _big_png(seed, side), st.jpeg(112, 112, seed=100 + seed)
@@ -114,19 +141,19 @@ def big(ckpt: str, tree: pathlib.Path, label: str, flags: list, side: int) -> di
     return rounds["timed"]
 
 
-def edges(ckpt: str, tree: pathlib.Path, label: str, cases: list[str], seconds: float, answer_s: float) -> dict:
-    """The edge cases against one server of `tree`, one after another."""
+def edges(
+    ckpt, tree, label: str, cases: list[str], seconds: float, answer_s: float, settle: float, shared=None
+) -> dict:
+    """The edge cases against one server of `tree`, one after another, `settle` s apart."""
     import httpx
 
     flags = ["--max-connections", 40]
-    with st.Server(
-        ckpt, *flags, log=st.bench_dir() / f"hostile_edges_{label}.log", env=st.server_env(tree), cwd=tree
-    ) as server:
+    with server_of(ckpt, tree, f"edges_{label}", flags, shared) as server:
         assert httpx.post(server.url + st.ROUTE, content=st.body([st.jpeg(112, 112, seed=1)]), timeout=120).is_success
         out = {}
         ico = _ico_body() if "ico" in cases else None  # made here, before the clocks start
         for k, case in enumerate(cases):
-            time.sleep(2.0)  # the last case's memory returned
+            time.sleep(settle)  # the last case's memory returned
             with st.RssSampler(server) as rss:
                 probe = sa.Prober(server.url, seed=k + 1)
                 t0 = time.monotonic()
@@ -157,7 +184,7 @@ def edges(ckpt: str, tree: pathlib.Path, label: str, cases: list[str], seconds: 
                 else:
                     raise ValueError(f"--edges: unknown case {case!r}")
                 result["seconds"] = result.get("seconds", time.monotonic() - t0)
-                time.sleep(1.0)
+                time.sleep(settle / 2)
             out[case] = {**result, "small": probe.stop(), "rss": rss.summary()}
             log(f"{label} {case}: {out[case]}")
         closed = {k: v for k, v in st.metrics(server.url).items() if k.startswith("qvj_connections_closed_total")}
@@ -214,37 +241,47 @@ def _big_png(seed: int, side: int) -> bytes:
     return buf.getvalue()
 
 
+QUICK_FLAGS = ["--max-connections", 2, "--max-item-patches", 256]
+
+
+def hostile(args, ckpt: str, tree: pathlib.Path, name: str, shared) -> dict:
+    """Every phase against `tree`'s servers (`shared`: one already running)."""
+    pairs = [tuple(int(x) for x in a.split(":")) for a in args.attacks.split(",") if a]
+    res = {"attacks": {}, "big": {}}
+    for n, m in pairs:
+        res["attacks"][f"{n}:{m}"] = attack(ckpt, tree, name, n, m, args.seconds, shared)
+    bounds = [None] + ([int(x) for x in args.bounds.split(",") if x] if tree == common.ROOT else [])
+    for bound in [] if args.skip_big else [256] if args.quick else bounds:
+        flags = [] if bound is None else ["--max-item-patches", bound]
+        res["big"][str(bound or "")] = big(ckpt, tree, f"{name}_{bound}", flags, args.big_side, shared)
+    if args.edges:  # the answer case: a 16,384-patch call (10-20 s on 2 cores), then the cut-off
+        settle = 0.2 if args.quick else 2.0
+        cases = [c for c in args.edges.split(",") if c]
+        res["edges"] = edges(ckpt, tree, name, cases, args.edge_seconds, 90.0, settle, shared)
+    return res
+
+
 def run(args) -> dict:
     st.bench_dir().mkdir(parents=True, exist_ok=True)
     ckpt = common.run_worker("common", "demo", {"model": "tiny"})["path"]
     rev = common.rev_info(args.against) if args.against else None
     trees = ({rev["hash"][:7]: common.worktree(rev["hash"])} if rev else {}) | {"working tree": common.ROOT}
-    attacks = args.attacks if args.attacks is not None else ("4:2" if args.quick else "24:16,520:512")
-    seconds = args.seconds or (2.0 if args.quick else 30.0)
-    pairs = [tuple(int(x) for x in a.split(":")) for a in attacks.split(",") if a]
-    side = 2000 if args.quick else 7000
-    cases = [
-        c
-        for c in (args.edges if args.edges is not None else "user,head" if args.quick else ",".join(EDGE_CASES)).split(
-            ","
-        )
-        if c
-    ]
-    edge_s = args.edge_seconds or (1.0 if args.quick else 15.0)
+    if args.attacks is None:
+        args.attacks = "4:2" if args.quick else "24:16,520:512"
+    if args.edges is None:
+        args.edges = "user" if args.quick else ",".join(EDGE_CASES)
+    args.seconds = args.seconds or (2.0 if args.quick else 30.0)
+    args.edge_seconds = args.edge_seconds or (1.0 if args.quick else 15.0)
+    args.big_side = 2000 if args.quick else 7000
     results = {}
     for label, tree in trees.items():
-        res = results[label] = {"attacks": {}, "big": {}}
-        for n, m in pairs:
-            res["attacks"][f"{n}:{m}"] = attack(ckpt, tree, label.replace(" ", "_"), n, m, seconds)
-        bounds = [None] + ([int(x) for x in args.bounds.split(",") if x] if tree == common.ROOT else [])
-        if args.quick:
-            bounds = [256]
-        for bound in [] if args.skip_big else bounds:
-            flags = [] if bound is None else ["--max-item-patches", bound]
-            res["big"][str(bound or "")] = big(ckpt, tree, f"{label.replace(' ', '_')}_{bound}", flags, side)
-        if cases:  # the answer case: a 16,384-patch call (10-20 s on 2 cores), then the cut-off
-            res["edges"] = edges(ckpt, tree, label.replace(" ", "_"), cases, edge_s, 90.0)
-    return {"seconds": seconds, "big_side": side, "edge_seconds": edge_s, "against": rev, "results": results}
+        with contextlib.ExitStack() as stack:
+            shared = None  # quick: every phase on one server, the flags of all (4 sockets vs 2, 256 patches)
+            if args.quick:
+                shared = stack.enter_context(server_of(ckpt, tree, "quick", QUICK_FLAGS))
+            results[label] = hostile(args, ckpt, tree, label.replace(" ", "_"), shared)
+    sizes = {"seconds": args.seconds, "big_side": args.big_side, "edge_seconds": args.edge_seconds}
+    return sizes | {"against": rev, "results": results}
 
 
 def report(result: dict) -> str:

@@ -482,8 +482,13 @@ class RssSampler:
 
     def _run(self) -> None:
         t0 = time.monotonic()
+        import httpx
+
         while not self._stop.is_set():
-            lru = metrics(self.server.url).get("qvj_cache_bytes", 0.0) / 2**20
+            try:
+                lru = metrics(self.server.url).get("qvj_cache_bytes", 0.0) / 2**20
+            except (httpx.HTTPError, ValueError):  # no slot for /metrics (the attack holds them): RSS alone
+                lru = float("nan")
             self.samples.append((time.monotonic() - t0, self.server.rss_mb(), lru))
             self._stop.wait(self.period)
 
