@@ -82,7 +82,7 @@ def _buckets(c: dict) -> str:
     names = [f"{b['patches']}/T{b['tiles']}/K{b['key_rows']}" for b in c["buckets"]]
     if len(set(names)) > 4:
         keys = [b["key_rows"] for b in c["buckets"]]
-        return f"{len(names)} chunks, K {min(keys)}-{max(keys)}"
+        return f"{len(names)} chunks, K {min(keys)}" + (f"-{max(keys)}" if max(keys) > min(keys) else "")
     runs = []
     for name in names:
         if runs and runs[-1][0] == name:
