@@ -83,7 +83,7 @@ def test_serve_refuses_them(hostile, tiny_dirs, tiny_encoder):
 def test_real_containers_still_open(tmp_path):
     """The allow-list holds what encode reads as videos: mp4 / mov, WebM / Matroska, AVI, MPEG-TS,
     GIF (the test clips' containers and codecs)."""
-    import video_samples
+    from benchmarks.workloads import clips as video_samples
 
     for name in ("h264_330x250_24fps_5s", "vp9_232x174_12.5fps_10s_no_count", "mjpeg_odd_213x157_23.976fps_2s"):
         path = video_samples.write_clip(tmp_path / (name + video_samples.CLIPS[name][2]), name)

@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-import video_samples
 import video_streams as vs
 
+from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.preprocess.video import preprocess_video
 
 pytest.importorskip("av")
