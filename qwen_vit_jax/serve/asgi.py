@@ -175,15 +175,18 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
             return _error(e.status, e.message)
     finally:
         service.release(len(items))
+    ids = None
+    if service.vllm is not None:  # each item in vLLM's store before the answer says so
+        ids = await asyncio.to_thread(service.vllm.put_results, items, [r for r, _ in results])
     for _, cached in results:
         m.items.labels("cached" if cached else "ok").inc()
     m.resized.inc(resized)
     t1 = time.perf_counter()
     if safetensors:
-        content = await asyncio.to_thread(_safetensors, items, results, service)
+        content = await asyncio.to_thread(_safetensors, items, results, service, ids)
         response = Response(content, media_type=SAFETENSORS)
     else:
-        content = await asyncio.to_thread(_json, items, results, fmt, deepstack)
+        content = await asyncio.to_thread(_json, items, results, fmt, deepstack, ids)
         response = Response(content, media_type="application/json")
     m.stage.labels("respond").observe(time.perf_counter() - t1)
     return response
@@ -339,7 +342,7 @@ def _encode_array(a, fmt: str):
     return base64.b64encode(a.tobytes()).decode() if fmt == "base64" else a
 
 
-def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
+def _json(items: list[Item], results, fmt: str, deepstack: bool, ids: list[str] | None = None) -> bytes:
     import numpy as np
 
     data, tokens = [], 0
@@ -357,6 +360,8 @@ def _json(items: list[Item], results, fmt: str, deepstack: bool) -> bytes:
         }
         if deepstack:
             row["deepstack"] = [_encode_array(f, fmt) for f in r.deepstack or []]
+        if ids is not None:
+            row["vllm_id"] = ids[i]
         data.append(row)
         tokens += len(r.embedding)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}  # OpenAI's names: embeddings have no completion
@@ -371,7 +376,7 @@ def checkpoint_name(checkpoint: str) -> str:
     return checkpoint
 
 
-def _safetensors(items: list[Item], results, service: Service) -> bytes:
+def _safetensors(items: list[Item], results, service: Service, ids: list[str] | None = None) -> bytes:
     """The answer as the embeddings file `qvj.read_embeddings` reads (written to a temporary file,
     then read back: write_embeddings writes files)."""
     import numpy as np
@@ -389,6 +394,7 @@ def _safetensors(items: list[Item], results, service: Service) -> bytes:
             service.enc.dtype,
             service.preprocessing,  # what made these (the per-item bound's)
             sha256=[it.digest for it in items],
+            **({"vllm_id": ids} if ids is not None else {}),
         ),
         np.concatenate([np.asarray(r.timestamps, np.float64) for r, _ in results]),
     )

@@ -16,6 +16,7 @@ import argparse
 from qwen_vit_jax.config import parse_sizes
 from qwen_vit_jax.data.workers import default_workers
 from qwen_vit_jax.serve.settings import Settings
+from qwen_vit_jax.vllm import flags as vllm_flags
 
 SERVE_HELP = """\
 Serve the tower over HTTP: POST /v1/embeddings takes images and videos as bytes (base64 or data:
@@ -115,6 +116,7 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
         help="compile the batch shapes of the --declare sizes before ready (default: on with --compile-cache)",
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    vllm_flags.add_flags(p.add_argument_group("vLLM's encoder-cache store (docs/vllm.md)"))
     p.set_defaults(func=run)
     return p
 
@@ -145,6 +147,9 @@ def settings_from(args) -> Settings:
         header_timeout_s=args.header_timeout,
         compile_cache=args.compile_cache,
         warmup_batches=args.warmup_batches,
+        vllm_store=args.vllm_store,
+        vllm_ids=args.vllm_ids,
+        vllm_model=args.vllm_model,
     )
 
 

@@ -15,6 +15,8 @@ import dataclasses
 import ipaddress
 import pathlib
 
+from qwen_vit_jax.vllm import flags as vllm_flags
+
 LOOPBACK_NAMES = ("localhost",)
 
 
@@ -48,6 +50,9 @@ class Settings:
     compile_cache: JAX's persistent compilation cache directory, or None.
     warmup_batches: before ready, compile (or load from compile_cache) the batch shapes the declared
       sizes form under the patch budget; None (the default): on when compile_cache is set.
+    vllm_store: vLLM's encoder-cache store: every answered item is written there first, its
+      identifier in the answer ("vllm_id"); vllm_ids "sha256" or "vllm" (vLLM's own, with
+      vllm_model, the model vLLM is started with). docs/vllm.md.
     """
 
     checkpoint: str
@@ -74,6 +79,9 @@ class Settings:
     header_timeout_s: float = 10.0
     compile_cache: str | None = None
     warmup_batches: bool | None = None
+    vllm_store: str | None = None
+    vllm_ids: str = "sha256"
+    vllm_model: str | None = None
 
     def __post_init__(self):
         if self.warmup_batches is None:  # a restart with the same compile cache loads them in seconds
@@ -110,6 +118,7 @@ class Settings:
         for g in self.declare:
             if len(g) != 3 or min(g) <= 0:
                 raise ValueError(f"declare holds {g!r}: each size is (t, h, w) in patches, all positive")
+        vllm_flags.check(self.vllm_store, self.vllm_ids, self.vllm_model)
         if self.api_key_file is None and not is_loopback(self.host):
             raise ValueError(
                 f"binding {self.host!r} (not loopback) requires an API key: --api-key-file FILE "
