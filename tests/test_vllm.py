@@ -333,6 +333,8 @@ def engine(request, vllm_python, tmp_path_factory):
     ]
     if family == "qwen2_5_vl":
         cases.append(dict(cases[-2], name="video:embeds-no-seconds", drop=["second_per_grid_ts"]))
+    if enc.cfg.deepstack_layers:
+        cases.append(dict(cases[1], name="image0:embeds-no-deepstack", zero_from=enc.cfg.out_dim))
     plan = {
         "model": model,
         "store": str(store),
@@ -417,14 +419,16 @@ def test_embeddings_in_the_request_equal_pixels(engine):
 
 
 def test_a_wrong_embedding_shows(engine):
-    """The bar can fail: 1% off embeddings, or a video's time spacing left out, move the logprobs
-    past it (the tiny model's scaled LM head)."""
+    """The bar can fail: 1% off embeddings, a Qwen2.5-VL video's time spacing left out or Qwen3-VL's
+    deepstack features zeroed move the top logprobs past it (the tiny model's scaled LM head)."""
     family, plan, results, _ = engine
-    spoiled = {"image0:embeds*1.01": "image0", "video:embeds*1.01": "video", "video:embeds-no-seconds": "video"}
+    spoiled = {"image0:embeds*1.01": "image0", "video:embeds*1.01": "video"}
+    spoiled.update(
+        {"video:embeds-no-seconds": "video"} if family == "qwen2_5_vl" else {"image0:embeds-no-deepstack": "image0"}
+    )
     for name, ref in spoiled.items():
-        if name in results["cases"]:
-            moved = logprob_gap(results["cases"][name], results["cases"][ref])
-            assert moved > 10 * LOGPROB_TOL, f"{family} {name}: the top logprobs moved only {moved:.3g}"
+        moved = logprob_gap(results["cases"][name], results["cases"][ref])
+        assert moved > 10 * LOGPROB_TOL, f"{family} {name}: the top logprobs moved only {moved:.3g}"
 
 
 def test_a_consumer_reads_the_store_our_encode_wrote(engine):

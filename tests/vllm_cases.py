@@ -67,8 +67,12 @@ def tokenizer(out: pathlib.Path):
     return {s: tok.token_to_id(s) for s in (*SPECIAL, *PADS)}, tok.get_vocab_size()
 
 
-def write_checkpoint(out: pathlib.Path, family: str, seed: int = 0) -> pathlib.Path:
-    """A tiny HF checkpoint of `family` that vLLM serves: weights, tokenizer, chat template, processor."""
+def write_checkpoint(
+    out: pathlib.Path, family: str, seed: int = 0, *, text_over=None, vision_over=None, max_pixels: int | None = None
+) -> pathlib.Path:
+    """A tiny HF checkpoint of `family` that vLLM serves: weights, tokenizer, chat template, processor.
+    `text_over` / `vision_over`: config fields over the tiny ones (benchmarks/bench_vllm.py: the real 3B
+    tower); `max_pixels`: the processors' bound (default 1024 merge units)."""
     import torch
     import transformers
 
@@ -94,9 +98,11 @@ def write_checkpoint(out: pathlib.Path, family: str, seed: int = 0) -> pathlib.P
         vision_end_token_id=ids["<|vision_end|>"],
     )
     vision = dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=128)
+    vision.update(vision_over or {})
+    text.update(text_over or {})
     if family == "qwen2_5_vl":
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
-        vision.update(window_size=112, fullatt_block_indexes=[1, 3], tokens_per_second=2)
+        text.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]})
+        vision = dict(dict(window_size=112, fullatt_block_indexes=[1, 3], tokens_per_second=2), **vision)
         cfg = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
         model_cls = transformers.Qwen2_5_VLForConditionalGeneration
     else:
@@ -115,11 +121,11 @@ def write_checkpoint(out: pathlib.Path, family: str, seed: int = 0) -> pathlib.P
     with torch.no_grad():
         model.lm_head.weight.mul_(LM_HEAD_SCALE)
     model.save_pretrained(out)
-    _processor_configs(out, family)
+    _processor_configs(out, family, max_pixels)
     return out
 
 
-def _processor_configs(out: pathlib.Path, family: str) -> None:
+def _processor_configs(out: pathlib.Path, family: str, max_pixels: int | None) -> None:
     patch = FAMILIES[family]["patch"]
     unit = patch * 2
     common = {
@@ -134,7 +140,7 @@ def _processor_configs(out: pathlib.Path, family: str) -> None:
         "resample": 3,
         "rescale_factor": 1 / 255,
         "temporal_patch_size": 2,
-        "size": {"shortest_edge": 4 * unit * unit, "longest_edge": 1024 * unit * unit},
+        "size": {"shortest_edge": 4 * unit * unit, "longest_edge": max_pixels or 1024 * unit * unit},
     }
     if family == "qwen2_5_vl":
         image = dict(common, image_processor_type="Qwen2VLImageProcessor")

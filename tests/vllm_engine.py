@@ -13,7 +13,7 @@ A case: {"name", "modality": "image" | "video", "how": one of
   "pixels"  the image file or the video's frames (.npy, with its metadata) for vLLM's own tower;
             "uuid" given: the request's multi_modal_uuids (a store item, or one the store lacks)
   "embeds"  "mm": a torch.save'd multi_modal_data (qwen_vit_jax.vllm.mm_data's), "scale": spoil it
-            by a factor, "drop": leave a field out
+            by a factor, "zero_from": zero the columns from there on, "drop": leave a field out
   "chat"    the image as a data: URL through LLM.chat: vLLM's own identifier, as its server does}
 """
 
@@ -106,9 +106,13 @@ def main(plan_file: str, results_file: str) -> None:
                 item = torch.load(case["mm"], weights_only=False)[modality]
                 for field in case.get("drop", []):
                     del item[field]
+                key = f"{modality}_embeds"
                 if "scale" in case:
-                    key = f"{modality}_embeds"
                     item = dict(item, **{key: item[key] * case["scale"]})
+                if "zero_from" in case:  # the columns from there on zeroed (Qwen3-VL: its deepstack features)
+                    spoiled = item[key].clone()
+                    spoiled[:, case["zero_from"] :] = 0
+                    item = dict(item, **{key: spoiled})
             request = {"prompt": case["prompt"], "multi_modal_data": {modality: item}}
             if case.get("uuid"):
                 request["multi_modal_uuids"] = {modality: [case["uuid"]]}

