@@ -197,8 +197,8 @@ def test_encode_writes_the_store(tiny_dirs, tiny_encoder, image_files, tmp_path,
         emb, _ = read_store(store2, vllm_image_id("Org/Model", p.read_bytes()))
         np.testing.assert_array_equal(emb, e[i])
     capsys.readouterr()
-    assert main(["encode", str(tiny_dirs[1]), *files]) == 1
-    assert "-o OUT, --vllm-store STORE" in capsys.readouterr().err
+    assert main(["encode", str(tiny_dirs[1]), *files]) == 2  # neither: a usage error
+    assert "-o/--output (or --vllm-store)" in capsys.readouterr().err
     assert main(["encode", str(tiny_dirs[1]), *files, "--vllm-store", str(store), "--vllm-ids", "vllm"]) == 1
     assert "--vllm-model" in capsys.readouterr().err
 

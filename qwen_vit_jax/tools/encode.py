@@ -47,7 +47,7 @@ def add_parser(sub, fmt) -> None:
     p = sub.add_parser(
         "encode",
         formatter_class=formatter,
-        usage=f"{PROG} encode CKPT INPUT [INPUT ...] (-o OUT | --vllm-store STORE) [options]",
+        usage=f"{PROG} encode CKPT INPUT [INPUT ...] -o OUT [options]",
         help="images, videos and datasets -> embeddings file (.safetensors / .npz / .parquet)",
         description=ENCODE_HELP,
         epilog=f"examples:\n  {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2\n"
@@ -76,12 +76,12 @@ def add_parser(sub, fmt) -> None:
         default=SAVE_EVERY_S,
         help=f"save what is done every S seconds ({SAVE_EVERY_S:.0f})",
     )
+    vllm_flags.add_flags(g)  # vLLM's encoder-cache store, with or without -o (docs/vllm.md)
     g = p.add_argument_group("inputs")
     g.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
     g.add_argument("--image-column", metavar="NAME", default="image", help="parquet / dataset image column (image)")
     g.add_argument("--key-column", metavar="NAME", help="the column of each row's key (default FILE:ROW)")
     g.add_argument("--allow-duplicate-keys", action="store_true", help="encode inputs that share a key")
-    vllm_flags.add_flags(p.add_argument_group("vLLM's encoder-cache store (with or without -o)"))
     g = p.add_argument_group("preprocessing (default: the checkpoint's configs)")
     g.add_argument("--min-pixels", type=int, metavar="N", help="override the configs' min_pixels")
     g.add_argument("--max-pixels", type=int, metavar="N", help="override the configs' max_pixels")
@@ -118,8 +118,12 @@ def _command(args, held: contextlib.ExitStack) -> int:
     from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
     from qwen_vit_jax.runtime import multihost
 
-    if args.output is None and args.vllm_store is None:
-        raise CommandError("say where the embeddings go: -o OUT, --vllm-store STORE, or both")
+    if args.output is None and args.vllm_store is None:  # a usage error, in argparse's words and status
+        print(
+            f"{PROG} encode: error: the following arguments are required: -o/--output (or --vllm-store)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     vllm_flags.check(args.vllm_store, args.vllm_ids, args.vllm_model)
     out = pathlib.Path(args.output) if args.output else None  # None: the store alone
     if out is None and (args.resume or args.overwrite):

@@ -9,14 +9,14 @@ RULES = ("sha256", "vllm")  # ids.RULES (not imported: ids.py imports numpy)
 
 
 def add_flags(group) -> None:
-    group.add_argument("--vllm-store", metavar="STORE", help="also write each item into vLLM's encoder-cache store")
+    group.add_argument("--vllm-store", metavar="STORE", help="also into vLLM's encoder-cache store")
     group.add_argument(
         "--vllm-ids",
         choices=RULES,
         default="sha256",
-        help="store ids: sha256 of the bytes (default) or vllm's own (images; with --vllm-model)",
+        help="store ids: sha256 (default) or vLLM's own",
     )
-    group.add_argument("--vllm-model", metavar="MODEL", help="the model vLLM is started with (for --vllm-ids vllm)")
+    group.add_argument("--vllm-model", metavar="MODEL", help="the model vLLM serves (--vllm-ids vllm)")
 
 
 def check(store: str | None, ids: str, model: str | None) -> None:
