@@ -44,7 +44,7 @@ def mm_data(enc, images=(), videos=(), **sampling) -> dict:
         applied, as vLLM does), in the prompt's order.
       videos: video files' paths or decoded frames, in the prompt's order.
       sampling: the videos' sampling, as `preprocess_video` takes it (fps, num_frames, max_frames,
-        source_fps for decoded frames, min_pixels, max_pixels).
+        source_fps for decoded frames, min_pixels, max_pixels); unused without videos.
 
     Returns:
       {"image": {...}, "video": {...}} (only the modalities given) with torch tensors: pass it as
@@ -74,8 +74,6 @@ def mm_data(enc, images=(), videos=(), **sampling) -> dict:
                 raise BadInput("a Qwen3-VL video's timestamps need its frame rate: pass source_fps= with frames")
             entry["timestamps"] = [[float(t) for t in ts] for ts in stamps]
         out["video"] = entry
-    elif sampling:
-        raise BadInput(f"sampling {sorted(sampling)} applies to videos, and none was given")
     return out
 
 
