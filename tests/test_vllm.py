@@ -203,7 +203,8 @@ def test_encode_writes_the_store(tiny_dirs, tiny_encoder, image_files, tmp_path,
 
 
 def test_serve_writes_the_store_before_answering(tiny_dirs, image_files, tmp_path):
-    """Each answer item carries "vllm_id", and its file is in the store when the answer arrives."""
+    """Each answer item carries "vllm_id", and its file is in the store when the answer arrives; a
+    store that cannot be written fails the request (500) instead of answering ids without files."""
     import httpx
 
     from qwen_vit_jax.serve.asgi import create_app
@@ -225,9 +226,17 @@ def test_serve_writes_the_store_before_answering(tiny_dirs, image_files, tmp_pat
                 body = {"input": [{"image": base64.b64encode(d).decode()} for d in datas]}
                 r = await client.post("/v1/embeddings", json=body)
                 assert r.status_code == 200, r.text
-                return r.json()["data"], {p.name for p in store.iterdir()}
+                present = {p.name for p in store.iterdir()}
 
-    data, present = asyncio.run(go())
+                def full(*args, **kw):
+                    raise OSError(28, "No space left on device")
+
+                app.state.service.vllm.put = full  # a store that cannot be written: no answer claims it
+                failed = await client.post("/v1/embeddings", json=body)
+                return r.json()["data"], present, failed
+
+    data, present, failed = asyncio.run(go())
+    assert failed.status_code == 500 and "vLLM's store" in failed.json()["error"]["message"]
     assert [d["vllm_id"] for d in data] == [vllm_image_id("m", d) for d in datas]
     assert present == {d["vllm_id"] for d in data}
     for d in data:

@@ -177,7 +177,11 @@ async def _embeddings(request: Request, service: Service, s: Settings, unauthori
         service.release(len(items))
     ids = None
     if service.vllm is not None:  # each item in vLLM's store before the answer says so
-        ids = await asyncio.to_thread(service.vllm.put_results, items, [r for r, _ in results])
+        try:
+            ids = await asyncio.to_thread(service.vllm.put_results, items, [r for r, _ in results])
+        except OSError as e:  # a full or read-only store: the server's fault, and no answer claims an item
+            log.error("writing vLLM's store failed: %s", e)
+            return _error(500, "the embeddings could not be written to vLLM's store (logged by the server)")
     for _, cached in results:
         m.items.labels("cached" if cached else "ok").inc()
     m.resized.inc(resized)
