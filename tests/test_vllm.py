@@ -307,10 +307,10 @@ def engine(request, vllm_python, tmp_path_factory):
     np.save(root / "frames.npy", frames)
     fps = vc.FAMILIES[family]["fps"]
     store = root / "store"
-    # the store, from our encode (sha256 identifiers) and from our service (vLLM's own)
-    assert main(["encode", model, *map(str, images), "--vllm-store", str(store)]) == 0
+    # the store, from our encode (sha256 identifiers; -o beside it) and from our service (vLLM's own)
+    assert main(["encode", model, *map(str, images), "--vllm-store", str(store), "-o", str(root / "e.npz")]) == 0
     served = _serve(model, store, images)
-    ours = {"encode": [sha256_id(p.read_bytes()) for p in images], "service": served}
+    ours = {"encode": [sha256_id(p.read_bytes()) for p in images], "service": served, "out": root / "e.npz"}
     assert all(store_path(store, i).exists() for i in ours["encode"] + served)
     cases = []
     for i, path in enumerate(images):
@@ -441,9 +441,16 @@ def test_a_wrong_embedding_shows(engine):
 
 def test_a_consumer_reads_the_store_our_encode_wrote(engine):
     """Pixels with our sha256 identifiers as multi_modal_uuids: vLLM loads each item from the store
-    (its log) and answers as it does with its own tower."""
+    (its log) and answers as it does with its own tower. (-o beside --vllm-store: the file's rows are
+    the store's tokens, the deepstack features only in the store.)"""
+    import qwen_vit_jax as qvj
+
     family, plan, results, ours = engine
+    out = qvj.read_embeddings(ours["out"])  # -o beside the store: its rows are the store's first columns
     for i, ident in enumerate(ours["encode"]):
+        emb, _ = read_store(plan["store"], ident)
+        np.testing.assert_array_equal(out[i], emb[:, : out.embeddings.shape[1]])
+        assert emb.shape[1] == out.embeddings.shape[1] * (1 + (family == "qwen3_vl") * 2)  # deepstack: 2 layers
         case = results["cases"][f"image{i}:encode-store"]
         assert case["loaded"] == [ident], f"{family} image{i}: vLLM loaded {case['loaded']}, not {ident}"
         assert same_answer(results, f"image{i}:encode-store", f"image{i}") <= LOGPROB_TOL
