@@ -2,7 +2,7 @@
 with one 1080p image, and our encoder's images/s feeding the store.
 
     PYTHONPATH=. python benchmarks/bench_vllm.py                  # Qwen2.5-VL-3B's tower, 3 rounds
-    PYTHONPATH=. python benchmarks/bench_vllm.py --model tiny --rounds 2 --quick
+    PYTHONPATH=. python benchmarks/bench_vllm.py --model tiny --rounds 2
 
 The checkpoint: a Qwen2.5-VL whose vision tower is the real 3B one (669M parameters, random
 weights) under a 2-layer language model of the 3B's width (tests/vllm_cases.py writes it, with the
@@ -19,20 +19,25 @@ tests' tiny one. Both sides bfloat16 (--dtype).
          processor's resize of the pixels included (a consumer still runs it: the placeholders
          come from the grid).
 
-Prints a markdown table (the CPU named) and writes benchmarks/results/vllm[-tiny][-quick].json.
+Prints a markdown table (the CPU named) and writes benchmarks/results/quick/vllm[-tiny].json. A
+plain script, not yet a suite of `python -m benchmarks` (its workers are this file run with
+`--worker KIND JSON`, one of them in the vLLM venv): its numbers are in history.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import pathlib
 import statistics
 import sys
 import time
 
-from common import ROOT, default_out, log, machine_line, markdown_table, run_worker, worker_main, write_json
+from common import RESULTS, ROOT, log, machine, machine_line, markdown_table
+
+RESULT_TAG = "RESULT "
 
 WORK = pathlib.Path(os.environ.get("QVJ_BENCH_CACHE", pathlib.Path.home() / ".cache" / "qwen_vit_jax_bench")) / "vllm"
 SIDE = (1920, 1080)
@@ -181,13 +186,34 @@ def vllm_worker(p: dict) -> dict:
 
 
 # ---- the parent -------------------------------------------------------------------------------------
+def run_worker(kind: str, payload: dict, *, env: dict | None = None, python: str = sys.executable) -> dict:
+    """This script run as `--worker KIND JSON` in a fresh process: the dict its RESULT line holds."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    p = subprocess.run([python, __file__, "--worker", kind, json.dumps(payload)], env=env, stdout=subprocess.PIPE,
+                       text=True, cwd=ROOT, check=False)  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if p.returncode or not lines:
+        sys.stderr.write(p.stdout[-4000:])
+        raise RuntimeError(f"worker {kind} failed (exit {p.returncode})")
+    log(f"worker {kind}: done in {time.perf_counter() - t0:.1f} s")
+    return json.loads(lines[-1][len(RESULT_TAG) :])
+
+
+def worker_main(handlers: dict) -> bool:
+    if len(sys.argv) != 4 or sys.argv[1] != "--worker":
+        return False
+    print(RESULT_TAG + json.dumps(handlers[sys.argv[2]](json.loads(sys.argv[3]))), flush=True)
+    return True
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("3b", "tiny"), default="3b")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--rounds", type=int, default=3, help="TTFT pairs (default 3)")
     p.add_argument("--n", type=int, default=8, help="images our encoder writes into the store (default 8)")
-    p.add_argument("--quick", action="store_true", help="results to vllm[-tiny]-quick.json")
     p.add_argument("--out")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -198,7 +224,7 @@ def main():
     run = WORK / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     (run / "images").mkdir(parents=True)
     store = run / "store"
-    ckpt = run_worker(__file__, "checkpoint", {"model": args.model})["path"]
+    ckpt = run_worker("checkpoint", {"model": args.model})["path"]
     n = max(args.n, args.rounds) + 1
     files = []
     for i, data in enumerate(jpegs(2 * n + args.rounds + 1, seed=100)):
@@ -206,7 +232,7 @@ def main():
         files[-1].write_bytes(data)
     ours_files, vllm_files = files[: n + 1], files[n + 1 :]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    ours = run_worker(__file__, "ours", {"ckpt": ckpt, "dtype": args.dtype, "files": [str(f) for f in ours_files],
+    ours = run_worker("ours", {"ckpt": ckpt, "dtype": args.dtype, "files": [str(f) for f in ours_files],
                                          "store": str(store)}, env=env)  # fmt: skip
     log(f"ours: {ours['images_per_s']:.3f} images/s into the store (warm-up {ours['warmup_s']:.1f} s)")
     import hashlib
@@ -217,7 +243,7 @@ def main():
     venv_env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                     VLLM_LOGGING_LEVEL="DEBUG", HF_HUB_OFFLINE="1")  # fmt: skip
     payload = {"ckpt": ckpt, "dtype": args.dtype, "store": str(store), "warm": str(vllm_files[-1]), "pairs": pairs}
-    theirs = run_worker(__file__, "vllm", payload, env=venv_env, python=str(vllm_python))
+    theirs = run_worker("vllm", payload, env=venv_env, python=str(vllm_python))
     expected = [b["sha256"] for _, b in pairs]
     assert sorted(theirs["loaded"]) == sorted(expected), f"vLLM loaded {theirs['loaded']}, not {expected}"
 
@@ -236,8 +262,10 @@ def main():
         f"\n{machine_line()}\n`{cmd}`, {args.model} tower, {args.dtype}, vLLM engine start {theirs['start_s']:.0f} s\n"
     )
     print(markdown_table(headers, rows))
-    name = "vllm" + ("-tiny" if args.model == "tiny" else "")
-    write_json(args.out or default_out(name, args.quick), {"command": cmd, "ours": ours, "vllm": theirs})
+    out = pathlib.Path(args.out or RESULTS / "quick" / f"vllm{'-tiny' * (args.model == 'tiny')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "command": cmd, "ours": ours, "vllm": theirs}, indent=1) + "\n")
+    log(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import shutil
 
 import numpy as np
 import pytest
-import video_samples
 from conftest import make_image
 from test_cli import assert_clean_error, main, run
 
+from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.preprocess.video import preprocess_video
 
