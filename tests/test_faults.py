@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 from sessions import session_pids
 
 from qwen_vit_jax import files

@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image
+from sample_images import make_image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.data.inputs import load_image

@@ -11,14 +11,14 @@ exactly, and the end-to-end parity below holds that gather to the float32 bar ag
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_real_size, random_pixels
+from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from sample_images import make_image
+from towers import GLM_TINY, SPECS, check_real_size
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
@@ -28,22 +28,12 @@ from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PreprocessConfig
 from qwen_vit_jax.preprocess.images import preprocess_glm4v_images
 from qwen_vit_jax.presets import PRESETS
 from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_GLM4V
-from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower, hf_visual
+from qwen_vit_jax.tools.hf_reference import hf_config, hf_image_features, hf_tower, hf_visual
 from qwen_vit_jax.weights import hf_read, keys
 
 GLM = PRESETS["glm-4.1v-9b"]
-# head_dim 16, a 6 x 6 table (image_size 84 / patch 14), block MLP = out 48, merger SwiGLU 80
-TINY = dataclasses.replace(
-    GLM,
-    depth=3,
-    width=64,
-    num_heads=4,
-    intermediate_size=48,
-    out_dim=48,
-    merger_intermediate_size=80,
-    num_position_embeddings=36,
-)
-CONFIGS = {"glm4v": TINY, "glm4v_moe": dataclasses.replace(TINY, family="glm4v_moe", qkv_bias=True)}
+TINY = GLM_TINY  # tests/towers.py
+CONFIGS = {name: SPECS[name].cfg for name in ("glm4v", "glm4v_moe")}
 GRIDS = {
     "image": [[1, 10, 14]],  # larger than the table: upsampling
     "video": [[3, 8, 12]],  # HF: get_video_features (per-frame grids)
@@ -52,22 +42,15 @@ GRIDS = {
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
-    """(name, cfg, HF full model, root with hf/ and ours/), built once per family."""
-    name = request.param
-    cfg = CONFIGS[name]
-    hf = build_hf_model(cfg, seed=13)
-    root = tmp_path_factory.mktemp(name)
-    hf.save_pretrained(root / "hf")
-    (root / "hf" / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR_GLM4V))
-    assert VisionConfig.from_hf(root / "hf") == cfg
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    return name, cfg, hf, root
+def case(request, towers):
+    """(name, cfg, HF full model, root with hf/ and ours/): the registry's tower of each family."""
+    tower = towers[request.param]
+    return request.param, tower.cfg, tower.hf, tower.ours.parent
 
 
 @pytest.fixture(scope="module")
-def encoder(case):
-    return qvj.VisionEncoder.from_pretrained(case[3] / "ours", dtype="float32", tight_after=None)
+def encoder(case, towers):
+    return towers[case[0]].encoder()
 
 
 def hf_features(hf, px, grid, video: bool) -> np.ndarray:
@@ -222,4 +205,4 @@ def test_ideal_flops_count_glms_merger(case, encoder):
 def test_parity_real_size(tmp_path):
     """The released GLM-4.1V tower (24 x 1536, a 24 x 24 table, out 4096, merger 13696) on one
     non-square image, fp32 and bf16, against get_image_features."""
-    check_image_features_real_size(GLM, "glm-4.1v", tmp_path)
+    check_real_size(GLM, "glm-4.1v", tmp_path, [[1, 12, 20]], hf_image_features)

@@ -15,8 +15,8 @@ import tarfile
 
 import numpy as np
 import pytest
-from conftest import make_image
-from test_cli import WITHOUT_TORCH, assert_clean_error, main, run_processes
+from cli_runs import WITHOUT_TORCH, assert_clean_error, main, run_processes
+from sample_images import make_image
 
 from qwen_vit_jax.data import parquet
 from qwen_vit_jax.data.embeddings import read_embeddings

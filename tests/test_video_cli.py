@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 import video_samples
-from conftest import make_image
-from test_cli import assert_clean_error, main, run
+from cli_runs import assert_clean_error, main, run
+from sample_images import make_image
 
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.preprocess.video import preprocess_video
