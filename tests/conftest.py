@@ -66,6 +66,16 @@ def tiny_encoder(tiny_dirs):
     return VisionEncoder.from_pretrained(tiny_dirs[1])
 
 
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the session (2 CPUs, no dashboard): Ray Data's stages (test_scale.py) and
+    Ray Serve (test_serve_ray.py) share it; it stops when the session ends."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture
 def restore_compilation_cache():
     """enable_compilation_cache is process-wide: put the session's cache (above) back after a test."""

@@ -19,7 +19,7 @@ import pytest
 import torch
 from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
 from sample_images import make_image
-from towers import FAMILY, Q3, hub_preprocessor
+from towers import FAMILY, Q3, case_fixture, hub_preprocessor
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.config import VisionConfig
@@ -45,11 +45,7 @@ GRIDS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, towers):
-    """(name, cfg, HF full model, root with hf/ and ours/): the registry's tower of each family."""
-    tower = towers[request.param]
-    return request.param, tower.cfg, tower.hf, tower.ours.parent
+case = case_fixture(CONFIGS)  # (name, cfg, HF full model, root with hf/ and ours/)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import torch
 from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
 from sample_images import make_image
-from towers import GLM_TINY, SPECS, check_real_size
+from towers import GLM_TINY, SPECS, assert_compiled_dots_are_ideal, case_fixture, check_real_size
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
@@ -41,11 +41,7 @@ GRIDS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, towers):
-    """(name, cfg, HF full model, root with hf/ and ours/): the registry's tower of each family."""
-    tower = towers[request.param]
-    return request.param, tower.cfg, tower.hf, tower.ours.parent
+case = case_fixture(CONFIGS)  # (name, cfg, HF full model, root with hf/ and ours/)
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +192,7 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
 def test_ideal_flops_count_glms_merger(case, encoder):
     """256 patches of one frame fill their bucket and its attention tiles exactly: the compiled dots
     are the ideal ones, GLM's merger (downsample, proj, SwiGLU) included."""
-    report = encoder.cost_report([[1, 16, 16]])
-    assert report["padded_patches"] == 256
-    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert_compiled_dots_are_ideal(encoder)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import qwen_vit_jax as qvj
 
 # The registry's towers (tests/towers.py): Qwen2.5-VL (window + full layers) and Qwen2-VL (LayerNorm
 # + quick_gelu, full attention everywhere), head_dim 16 and 32; q25-hd32 is saved sharded.
-TINY = ["q25", "q25-hd32", "q2", "q2-hd32"]
+TINY = {"q25-hd16": "q25", "q25-hd32": "q25-hd32", "q2-hd16": "q2", "q2-hd32": "q2-hd32"}  # id -> tower
 GRIDS = {
     "edge-windows": [[1, 10, 14]],  # 5x7 merge units: partial windows on both sides
     "even-windows": [[1, 16, 16]],  # side divides by the window: HF's empty-window path
@@ -25,9 +25,9 @@ GRIDS = {
 }
 
 
-@pytest.fixture(scope="module", params=TINY)
+@pytest.fixture(scope="module", params=list(TINY))
 def tower(request, towers):
-    tower = towers[request.param]
+    tower = towers[TINY[request.param]]
     if request.param == "q25-hd32":
         assert (tower.hf_dir / "model.safetensors.index.json").exists()
     return tower

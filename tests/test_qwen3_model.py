@@ -16,7 +16,7 @@ import pytest
 import torch
 from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels, rel
 from sample_images import make_image
-from towers import HUB_PREPROCESSOR_QWEN3_VL, check_real_size
+from towers import HUB_PREPROCESSOR_QWEN3_VL, assert_compiled_dots_are_ideal, check_real_size
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import QWEN3_5, QWEN3_VL
@@ -136,8 +136,7 @@ def test_parity_bf16(case):
     px = random_pixels(cfg, grid, seed=7)
     ref, ref_feats, _ = hf_outputs(hf, px, grid)
     tokens, feats = enc.encode(px, grid, return_deepstack=True)
-    assert_bf16_close(tokens, ref)
-    for ours, want in zip(feats, ref_feats, strict=True):
+    for ours, want in zip([tokens, *feats], [ref, *ref_feats], strict=True):  # tokens, then each tap's features
         assert_bf16_close(ours, want)
 
 
@@ -187,9 +186,7 @@ def test_ideal_flops_counts_the_deepstack_mergers(case, encoder):
     """256 patches of one frame fill their bucket and its attention tiles exactly: the compiled
     dots are the ideal ones (the position gather is elementwise on both sides)."""
     cfg = case[0]
-    report = encoder.cost_report([[1, 16, 16]])
-    assert report["padded_patches"] == 256
-    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert_compiled_dots_are_ideal(encoder)
     plain = dataclasses.replace(cfg, variant=QWEN3_5, deepstack_layers=())
     merge = 2 * (4 * cfg.width) ** 2 + 2 * 4 * cfg.width * cfg.out_dim
     assert cost.ideal_flops(cfg, [256], []) - cost.ideal_flops(plain, [256], []) == pytest.approx(
@@ -234,6 +231,5 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
     px = random_pixels(cfg, grid, seed=2)
     ref, ref_feats, _ = hf_outputs(model, px, grid)
     tokens, feats = enc.encode(px, grid, return_deepstack=True)
-    assert_fp32_close(tokens, ref)
-    for ours, want in zip(feats, ref_feats, strict=True):
+    for ours, want in zip([tokens, *feats], [ref, *ref_feats], strict=True):  # tokens, then each tap's features
         assert_fp32_close(ours, want)

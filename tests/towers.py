@@ -36,63 +36,31 @@ from qwen_vit_jax.tools.demo import (
 )
 
 # ---- tiny towers with an HF twin (parity, conversion, gradients) -----------------------------------
-# Qwen2.5-VL: window (blocks 0, 2) and full (1, 3) attention, head_dim 16
-Q25 = dataclasses.replace(
-    QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-)
+HD16 = dict(width=64, num_heads=4, out_dim=48)  # head_dim 16
+# Qwen2.5-VL: window (blocks 0, 2) and full (1, 3) attention
+Q25 = dataclasses.replace(QWEN2_5_VL_3B, **HD16, depth=4, intermediate_size=96, fullatt_block_indexes=(1, 3))
 # head_dim 32, one full-attention block
 Q25_HD32 = dataclasses.replace(
     QWEN2_5_VL_3B, depth=4, width=128, num_heads=4, intermediate_size=176, out_dim=64, fullatt_block_indexes=(2,)
 )
 # Qwen2-VL: LayerNorm + quick_gelu MLP, full attention everywhere; head_dim 16 and 32
-Q2 = dataclasses.replace(QWEN2_VL_2B, depth=4, width=64, num_heads=4, intermediate_size=256, out_dim=48)
-Q2_HD32 = dataclasses.replace(QWEN2_VL_2B, depth=4, width=128, num_heads=4, intermediate_size=512, out_dim=64)
-# Qwen3-VL: head_dim 16, a 6 x 6 position table, deepstack taps on inner blocks (1 and 2 of 4)
+Q2 = dataclasses.replace(QWEN2_VL_2B, **HD16, depth=4, intermediate_size=256)
+Q2_HD32 = dataclasses.replace(Q2, width=128, intermediate_size=512, out_dim=64)
+# Qwen3-VL: a 6 x 6 position table, deepstack taps on inner blocks (1 and 2 of 4)
 Q3 = dataclasses.replace(
-    QWEN3_VL_8B,
-    depth=4,
-    width=64,
-    num_heads=4,
-    intermediate_size=96,
-    out_dim=48,
-    num_position_embeddings=36,
-    deepstack_layers=(1, 2),
+    QWEN3_VL_8B, **HD16, depth=4, intermediate_size=96, num_position_embeddings=36, deepstack_layers=(1, 2)
 )
 # Qwen3.5: head_dim 24 (not a power of two, like the real 72), an 8 x 8 table
 Q35 = dataclasses.replace(
-    QWEN3_VL_8B,
-    variant=QWEN3_5,
-    depth=3,
-    width=48,
-    num_heads=2,
-    intermediate_size=80,
-    out_dim=32,
-    num_position_embeddings=64,
+    Q3, variant=QWEN3_5, depth=3, width=48, num_heads=2, intermediate_size=80, out_dim=32, num_position_embeddings=64,
     deepstack_layers=(),
-)
+)  # fmt: skip
 # Qwen3.5 as the Qwen3-VL one, no taps (head_dim 16, the 6 x 6 table)
 Q35_HD16 = dataclasses.replace(Q3, variant=QWEN3_5, depth=3, deepstack_layers=())
-# GLM-4.1V: head_dim 16, a 6 x 6 table (image_size 84 / patch 14), block MLP = out 48, merger SwiGLU 80
-GLM_TINY = dataclasses.replace(
-    PRESETS["glm-4.1v-9b"],
-    depth=3,
-    width=64,
-    num_heads=4,
-    intermediate_size=48,
-    out_dim=48,
-    merger_intermediate_size=80,
-    num_position_embeddings=36,
-)
-# PaddleOCR-VL: head_dim 16, a 6 x 6 table, 3 blocks
-PADDLE_TINY = dataclasses.replace(
-    PRESETS["paddleocr-vl"],
-    depth=3,
-    width=64,
-    num_heads=4,
-    intermediate_size=96,
-    out_dim=48,
-    num_position_embeddings=36,
-)
+SIDE6 = dict(HD16, depth=3, num_position_embeddings=36)  # a 6 x 6 table (image_size 84 / patch 14)
+# GLM-4.1V: block MLP = out 48, merger SwiGLU 80
+GLM_TINY = dataclasses.replace(PRESETS["glm-4.1v-9b"], **SIDE6, intermediate_size=48, merger_intermediate_size=80)
+PADDLE_TINY = dataclasses.replace(PRESETS["paddleocr-vl"], **SIDE6, intermediate_size=96)  # PaddleOCR-VL
 
 # ---- small towers without an HF twin (behaviour, compiles: random parameters) ----------------------
 SMALL = dict(depth=2, width=32, num_heads=2)
@@ -215,6 +183,27 @@ class Towers:
             (self.root / name).mkdir(parents=True)
             self._built[name] = Tower(name, SPECS[name], self.root / name)
         return self._built[name]
+
+
+def case_fixture(names):
+    """A module-scoped fixture over the registry's towers `names`, one tower at a time:
+    (name, cfg, HF model, root with hf/ and ours/)."""
+    import pytest
+
+    @pytest.fixture(scope="module", params=list(names))
+    def case(request, towers):
+        tower = towers[request.param]
+        return request.param, tower.cfg, tower.hf, tower.ours.parent
+
+    return case
+
+
+def assert_compiled_dots_are_ideal(encoder) -> None:
+    """256 patches of one frame fill their bucket and its attention tiles exactly: the compiled
+    program's dots are the ideal ones (cost.ideal_flops)."""
+    report = encoder.cost_report([[1, 16, 16]])
+    assert report["padded_patches"] == 256
+    assert abs(report["flops_ratio"] - 1.0) <= 1e-12, report["flops_ratio"]
 
 
 # ---- real size --------------------------------------------------------------------------------------
