@@ -265,14 +265,18 @@ def test_a_full_disk_is_an_error_and_leaves_nothing_half_written(
 
 
 INNER = r"""
-import json, os, shutil, subprocess, sys
+import contextlib, io, json, os, shutil, subprocess, sys
+from qwen_vit_jax.tools import cli
+
 mount, cmd, resume, copy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount], check=True)
 runs = []
-for args in (cmd, resume):
-    p = subprocess.run([sys.executable, "-m", "qwen_vit_jax.tools.cli", *args], capture_output=True, text=True)
+for args in (cmd, resume):  # the command line's main, in this process: the mount namespace's
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = cli.main(args)
     files = sorted(os.path.relpath(os.path.join(r, f), mount) for r, _, fs in os.walk(mount) for f in fs)
-    runs.append({"rc": p.returncode, "stderr": p.stderr, "files": files})
+    runs.append({"rc": rc, "stderr": err.getvalue(), "files": files})
     subprocess.run(["mount", "-o", "remount,size=16m", mount], check=True)  # space freed: --resume goes on
 shutil.copytree(mount, copy)
 print(json.dumps(runs))
