@@ -208,18 +208,21 @@ def assert_compiled_dots_are_ideal(encoder) -> None:
 
 # ---- real size --------------------------------------------------------------------------------------
 def check_real_size(cfg: VisionConfig, name: str, tmp_path: pathlib.Path, grid, reference, deepstack=False) -> None:
-    """A released tower at its real size on one request: HF's model with random weights (seed 7)
-    saved to tmp_path / "hf", `reference(hf, px, grid)` computed once (the tokens, or with
-    `deepstack` (tokens, [features])), the checkpoint converted once (HF's folder then removed: disk),
-    float32 and bfloat16 loaded from the converted folder, each at its bar."""
+    """A released tower at its real size on one request: HF's model with random weights (seed 7; its
+    text part left uninitialised: only the vision weights are read) saved to tmp_path / "hf",
+    `reference(hf, px, grid)` computed once (the tokens, or with `deepstack` (tokens, [features])),
+    the checkpoint converted once (HF's folder then removed: disk), float32 and bfloat16 loaded from
+    the converted folder, each at its bar."""
     from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+    from transformers.initialization import no_init_weights
 
     import qwen_vit_jax as qvj
     from qwen_vit_jax.tools.hf_reference import build_hf_model
 
     t0 = time.perf_counter()
     grid = np.asarray(grid)
-    hf = build_hf_model(cfg, seed=7)
+    with no_init_weights():  # HF's own init would be thrown away: build_hf_model re-initialises every vision weight
+        hf = build_hf_model(cfg, seed=7)
     hf.save_pretrained(tmp_path / "hf")
     px = random_pixels(cfg, grid, seed=8)
     ref, ref_feats = reference(hf, px, grid) if deepstack else (reference(hf, px, grid), [])
