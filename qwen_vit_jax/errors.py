@@ -15,6 +15,7 @@ Overloaded, Unavailable and Internal are RuntimeErrors.
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 
@@ -28,6 +29,14 @@ class Error(Exception):
     def __init__(self, message: str, *, limit: str | None = None):
         super().__init__(message)
         self.message, self.limit = message, limit
+
+    def at(self, where: str) -> Error:
+        """This error, its kind and fields kept, its message naming where it happened
+        (`e.at("input[3]")`: "input[3]: ..."), as an edge reports an item of a request."""
+        out = copy.copy(self)
+        out.message = f"{where}: {self.message}"
+        out.args = (out.message,)
+        return out
 
 
 class BadInput(Error, ValueError):

@@ -1,7 +1,10 @@
 """What a hostile client does to `qwen-vit-jax serve` on 127.0.0.1: sockets that never send a request
-head (silent, or trickling one byte at a time: slowloris), bodies that stall, a 49-megapixel image.
+head (silent, or trickling one byte at a time: slowloris), bodies that stall, a 49-megapixel image;
+and at the edges: an ICO holding a huge frame, headers claiming huge sizes, a request head that
+never ends, clients that do not read their answers, pipelined requests.
 
-Shared by tests/test_serve_hostile.py (small scale) and benchmarks/bench_serve_hostile.py (measured).
+Shared by tests/test_serve_hostile.py, tests/test_serve_edges.py (small scale) and
+benchmarks/bench_serve_hostile.py (measured).
 Every socket is bounded in count and time and goes to 127.0.0.1.
 """
 
@@ -12,6 +15,7 @@ import selectors
 import socket
 import threading
 import time
+import zlib
 
 # A request head that never ends: one more header byte at a time (slowloris).
 SLOW_HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -20,7 +24,8 @@ SLOW_HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 class Sockets:
     """`silent` sockets that connect and send nothing, `slow` ones that trickle a request head (one
     byte every `every` s, never the end of it), and `stalled` ones that send a whole head announcing a
-    body of `body_bytes` (with `headers`), 16 bytes of it, then nothing. A thread watches them all:
+    body of `body_bytes` (with `headers`), 16 bytes of it, then nothing; all from `source` (another
+    loopback address, 127.0.0.2: another client) when given. A thread watches them all:
     `closed[i]` is (seconds from its connect to the server's close, the first bytes the server sent).
     Index order: silent, then slow, then stalled. Use as a context manager; `close()` closes the rest."""
 
@@ -33,6 +38,7 @@ class Sockets:
         every: float = 0.25,
         headers: dict | None = None,
         body_bytes: int = 100_000,
+        source: str | None = None,
     ):
         self.kinds = ["silent"] * silent + ["slow"] * slow + ["stalled"] * stalled
         self.every = every
@@ -45,7 +51,9 @@ class Sockets:
         head += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._stalled = (head + f"Content-Length: {body_bytes}\r\n\r\n").encode() + b'{"input": [{"im'
         for kind in self.kinds:
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s = socket.create_connection(
+                ("127.0.0.1", port), timeout=10, source_address=(source, 0) if source else None
+            )
             s.setblocking(False)
             if kind == "stalled":
                 s.sendall(self._stalled)
@@ -116,3 +124,133 @@ def big_png(side: int = 7000) -> bytes:
     buf = io.BytesIO()
     im.save(buf, "PNG", compress_level=1)
     return buf.getvalue()
+
+
+# ---- the edges: crafted images, oversized heads, clients that do not read, pipelining ------------
+def ico_holding(side: int = 3000) -> bytes:
+    """An ICO whose directory lists one 16x16 frame that is in fact a side x side PNG (Pillow loads
+    it whole when it opens the file). Flat, so the file is small."""
+    import struct
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (40, 90, 160)).save(buf, "PNG", compress_level=1)
+    png = buf.getvalue()
+    return struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 16, 16, 0, 0, 1, 32, len(png), 22) + png
+
+
+def claiming(fmt: str, width: int, height: int) -> bytes:
+    """A tiny image in Pillow format `fmt` (PNG, JPEG, GIF, BMP, TIFF, PPM, WEBP) whose header claims
+    width x height: what a decompression bomb's header says. The size fields are patched in place."""
+    import struct
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buf, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    b = bytearray(buf.getvalue())
+    if fmt == "PNG":
+        i = b.index(b"IHDR")
+        b[i + 4 : i + 12] = struct.pack(">II", width, height)
+        b[i + 17 : i + 21] = struct.pack(">I", zlib.crc32(bytes(b[i : i + 17])))
+    elif fmt == "JPEG":
+        i = b.index(b"\xff\xc0")  # SOF0: length, precision, height, width
+        b[i + 5 : i + 9] = struct.pack(">HH", height, width)
+    elif fmt == "GIF":
+        b[6:10] = struct.pack("<HH", width, height)  # the logical screen
+        i = b.index(b"\x2c")  # the image descriptor: left, top, width, height
+        b[i + 5 : i + 9] = struct.pack("<HH", width, height)
+    elif fmt == "BMP":
+        b[18:26] = struct.pack("<ii", width, height)
+    elif fmt == "PPM":
+        b = bytearray(f"P6\n{width} {height}\n255\n".encode()) + b"\0" * 64
+    elif fmt == "TIFF":
+        (ifd,) = struct.unpack("<I", b[4:8])
+        (n,) = struct.unpack("<H", b[ifd : ifd + 2])
+        for k in range(n):
+            e = ifd + 2 + 12 * k
+            tag, kind = struct.unpack("<HH", b[e : e + 4])
+            if tag in (256, 257):  # ImageWidth, ImageLength (SHORT or LONG)
+                v = width if tag == 256 else height
+                b[e + 8 : e + 12] = struct.pack("<I", v) if kind == 4 else struct.pack("<HH", v, 0)
+    elif fmt == "WEBP":  # VP8L (lossless): after its signature byte, 14 bits each of width - 1, height - 1
+        bits = int.from_bytes(b[21:25], "little") & ~((1 << 28) - 1)
+        b[21:25] = (bits | (width - 1) | (height - 1) << 14).to_bytes(4, "little")
+    else:
+        raise ValueError(fmt)
+    return bytes(b)
+
+
+def exchange(port: int, data: bytes, timeout: float = 10.0, rcvbuf: int | None = None) -> tuple[bytes, float]:
+    """Send `data` on a fresh connection, then read until the server closes it (or `timeout`):
+    (what came back, seconds from the send to the close)."""
+    s = socket.socket()
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    t0, got = time.monotonic(), b""
+    try:
+        s.sendall(data)
+        while chunk := s.recv(65536):
+            got += chunk
+    except (TimeoutError, ConnectionError, OSError):
+        pass
+    finally:
+        s.close()
+    return got, time.monotonic() - t0
+
+
+def big_head(port: int, nbytes: int, timeout: float = 10.0) -> tuple[bytes, float]:
+    """A request head with one header of `nbytes` bytes, sent in 16 KiB pieces and never ended:
+    (the server's first bytes, seconds until it closed the connection)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    t0, got = time.monotonic(), b""
+    try:
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        for k in range(0, nbytes, 16384):
+            s.sendall(b"a" * min(16384, nbytes - k))
+        while chunk := s.recv(4096):
+            got += chunk
+    except (TimeoutError, ConnectionError, OSError):
+        pass
+    finally:
+        s.close()
+    return got[:64], time.monotonic() - t0
+
+
+def http_request(method: str, path: str, body: bytes = b"", headers: dict | None = None) -> bytes:
+    """One HTTP/1.1 request's bytes (keep-alive), for pipelining and raw sockets."""
+    h = {"Host": "127.0.0.1", **({"Content-Type": "application/json"} if body else {}), **(headers or {})}
+    if body or method == "POST":
+        h["Content-Length"] = str(len(body))
+    return (
+        f"{method} {path} HTTP/1.1\r\n".encode()
+        + "".join(f"{k}: {v}\r\n" for k, v in h.items()).encode()
+        + (b"\r\n" + body)
+    )
+
+
+class NonReaders:
+    """`n` connections that each send `request` and never read the answer (a receive buffer of 4 KiB:
+    what the server cannot hand the kernel stays in its own memory). `close()` ends them."""
+
+    def __init__(self, port: int, request: bytes, n: int):
+        self.socks = []
+        for _ in range(n):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(request)
+            self.socks.append(s)
+
+    def __enter__(self) -> NonReaders:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()

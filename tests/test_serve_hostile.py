@@ -52,6 +52,7 @@ def server(tiny_dirs, tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "noav"), *sys.path]))
     flags = ["--workers", 2, "--max-batch-patches", BUDGET, "--header-timeout", HEADER_TIMEOUT]
     flags += ["--max-connections", MAX_CONNECTIONS, "--api-key-file", root / "key", "--timeout", 60]
+    flags += ["--max-peer-bodies", MAX_CONNECTIONS]  # every test socket comes from 127.0.0.1
     with st.Server(tiny_dirs[1], *flags, log=root / "server.log", env=env) as s:
         yield s
 

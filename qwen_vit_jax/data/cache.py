@@ -2,20 +2,23 @@
 an input whose bytes this checkpoint, dtype and preprocessing have encoded before is read back
 instead of encoded.
 
-    DIR/<settings fingerprint[:24]>/<sha256[:2]>/<sha256>.safetensors
+    DIR/<entry[:2]>/<entry>.safetensors      entry = sha256 of "<settings fingerprint>:<sha256 of the bytes>"
 
-The key of an entry is its bytes' sha256 plus a settings fingerprint (`fingerprint`, the one
-recipe both commands use): the sha256 of the checkpoint's files (every config and weights file of
-its directory, by content), the dtype, the item's kind (image or video) and that kind's
-preprocessing as the preparation actually ran (pixel bounds, a video's sampling: fps / num_frames
-/ max_frames, the tower variant's resize rule; an image's --fast-decode). A fine-tuned or
-re-converted checkpoint, another dtype, other pixel bounds or another sampling never share
-entries, and the same bytes sent as an image and as a video are two entries. An entry holds the
-input's `embedding` float32 [tokens, D], `grid_thw` [3] and `timestamps` [t], and in its header
-the sha256 of those three arrays' bytes: an entry that does not parse, or whose arrays do not
-hash to it (a torn write, a flipped bit), is reported corrupt, removed and recomputed, never
-returned. Entries are written atomically (a temporary sibling renamed into place), without an
-fsync each: an entry a power cut tears fails its checksum and is recomputed. No jax here.
+At most 256 directories, however many settings meet (a service's requests each bring their own
+video sampling: a folder per fps value would grow without bound). The key of an entry is its
+bytes' sha256 plus a settings fingerprint (`fingerprint`, the one recipe both commands use): the
+sha256 of the checkpoint's files (every config and weights file of its directory, by content),
+the dtype, the item's kind (image or video) and that kind's preprocessing as the preparation
+actually ran (pixel bounds, a video's sampling: fps / num_frames / max_frames, the tower
+variant's resize rule; an image's --fast-decode). A fine-tuned or re-converted checkpoint,
+another dtype, other pixel bounds or another sampling never share entries, and the same bytes
+sent as an image and as a video are two entries. An entry holds the input's `embedding` float32
+[tokens, D], `grid_thw` [3] and `timestamps` [t], and in its header its settings fingerprint,
+its bytes' sha256 and the sha256 of those three arrays' bytes: an entry that does not parse, or
+whose arrays do not hash to it (a torn write, a flipped bit), is reported corrupt, removed and
+recomputed, never returned. Directories are made when an entry is first written to them.
+Entries are written atomically (a temporary sibling renamed into place), without an fsync each:
+an entry a power cut tears fails its checksum and is recomputed. No jax here.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ import hashlib
 import json
 import os
 import pathlib
-import threading
 
 import numpy as np
 
-FORMAT, VERSION = "qwen_vit_jax.cache", 1
+FORMAT, VERSION = "qwen_vit_jax.cache", 2  # 2: one folder level for every setting
 WEIGHT_SUFFIXES = (".safetensors", ".json", ".bin", ".pt", ".msgpack")
 
 
@@ -74,16 +76,16 @@ def fingerprint(weights: str, dtype: str, preprocessing, kind: str, fast_decode:
 
 
 class EmbeddingCache:
-    """Entries of one settings fingerprint under `root`. hits / misses / corrupt count this process's
-    lookups."""
+    """Entries of one settings fingerprint under `root` (nothing is made on disk until a put).
+    hits / misses / corrupt count this object's lookups."""
 
     def __init__(self, root: str | os.PathLike, fingerprint: str):
-        self.dir = pathlib.Path(root) / fingerprint[:24]
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir, self.fingerprint = pathlib.Path(root), fingerprint
         self.hits = self.misses = self.corrupt = 0
 
     def _path(self, digest: str) -> pathlib.Path:
-        return self.dir / digest[:2] / f"{digest}.safetensors"
+        entry = hashlib.sha256(f"{self.fingerprint}:{digest}".encode()).hexdigest()
+        return self.dir / entry[:2] / f"{entry}.safetensors"
 
     def get(self, digest: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(grid [3], embedding [tokens, D], timestamps [t]) of `digest`, or None (not there, or
@@ -98,7 +100,8 @@ class EmbeddingCache:
             f = SafetensorsFile(path)
             arrays = [np.array(f.get(k)) for k in ("grid_thw", "embedding", "timestamps")]
             ok = f.metadata.get("format") == FORMAT and f.metadata.get("checksum") == _checksum(*arrays)
-            ok = ok and f.metadata.get("digest") == digest and arrays[0].shape == (3,) and arrays[1].ndim == 2
+            ok = ok and f.metadata.get("digest") == digest and f.metadata.get("settings") == self.fingerprint
+            ok = ok and arrays[0].shape == (3,) and arrays[1].ndim == 2
         except Exception:  # noqa: BLE001 (a torn or garbled file: whatever the reader raises)
             ok = False
         if not ok:
@@ -119,8 +122,9 @@ class EmbeddingCache:
             np.asarray(timestamps, np.float64),
         )
         path = self._path(digest)
-        path.parent.mkdir(exist_ok=True)
-        meta = {"format": FORMAT, "version": str(VERSION), "digest": digest, "checksum": _checksum(*arrays)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"format": FORMAT, "version": str(VERSION), "digest": digest, "settings": self.fingerprint}
+        meta["checksum"] = _checksum(*arrays)
         with atomic_file(path, durable=False) as tmp:  # no fsync: a torn entry fails its checksum
             write_safetensors(tmp, dict(zip(("grid_thw", "embedding", "timestamps"), arrays)), meta)
 
@@ -134,24 +138,18 @@ def _checksum(*arrays: np.ndarray) -> str:
 
 
 class ContentCache:
-    """Every entry under `root` of one checkpoint and dtype: one `EmbeddingCache` per settings
-    fingerprint met (an item's kind and preprocessing: `fingerprint`). `key(kind, preprocessing)`
-    is the fingerprint an item lives under; get / put take it with the bytes' sha256. Thread-safe."""
+    """Every entry under `root` of one checkpoint and dtype. `key(kind, preprocessing)` is the
+    settings fingerprint an item lives under (its kind and preprocessing: `fingerprint`); get / put
+    take it with the bytes' sha256. Thread-safe (nothing is held between calls)."""
 
     def __init__(self, root: str | os.PathLike, weights: str, dtype: str, fast_decode: bool = False):
         self.root, self.weights, self.dtype, self.fast_decode = root, weights, dtype, fast_decode
-        self._caches: dict[str, EmbeddingCache] = {}
-        self._lock = threading.Lock()
 
     def key(self, kind: str, preprocessing) -> str:
         return fingerprint(self.weights, self.dtype, preprocessing, kind, self.fast_decode)
 
     def _cache(self, key: str) -> EmbeddingCache:
-        with self._lock:
-            c = self._caches.get(key)
-            if c is None:
-                c = self._caches[key] = EmbeddingCache(self.root, key)
-            return c
+        return EmbeddingCache(self.root, key)
 
     def get(self, key: str, digest: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(grid [3], embedding [tokens, D], timestamps [t]) of the entry, or None."""

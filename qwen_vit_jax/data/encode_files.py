@@ -197,7 +197,7 @@ def encode_files(
     rows = _Rows(enc, sink, cache, batch_patches or enc.max_batch_patches, prep)
 
     def written() -> str:
-        return f"{count(len(rows.names), 'new input')} written to {target}; resuming the same run continues"
+        return f"{count(len(rows.names), 'new input')} written to {target}; the same command with resume=True continues"
 
     def full(e: Exception) -> EncodeError:  # after sink.abandon(): nothing half-written is left
         if isinstance(e, DiskFull):
@@ -205,7 +205,7 @@ def encode_files(
             what = str(e if need is None else DiskFull(e.path, need, e.what, "finishing the run"))
         else:
             what = f"no space left on device{' for the cache' * bool(cache)} ({e})"
-        return EncodeError(f"{what}; {sink.kept()}; free space, then resuming the same run continues")
+        return EncodeError(f"{what}; {sink.kept()}; free space, then the same command with resume=True continues")
 
     def save() -> None:  # OUT with what is done; a full disk keeps what was saved before
         try:
@@ -271,11 +271,12 @@ def encode_files(
         (path, reason), held = failed[0], ""
         if rows.names:
             save()
-            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resuming continues"
+            held = f"; the {count(len(rows.names), 'input')} before it written to {target}, resume=True continues"
         else:
             sink.abandon()
         raise EncodeError(
-            f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going skips unreadable inputs)"
+            f"cannot read {path}: {reason}{held or '; nothing written'} (keep_going=True skips unreadable inputs)",
+            limit="keep_going",
         )
     for path, reason in failed:
         tell(Update(seen, total - len(failed), f"warning: skipped {path}: {reason}", finished=True))

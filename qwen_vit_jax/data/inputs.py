@@ -17,6 +17,8 @@ import functools
 import os
 from collections.abc import Iterable
 
+from qwen_vit_jax import errors
+
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".jfif"}
 )
@@ -24,8 +26,9 @@ VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".m
 _SWAPS_SIDES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 
 
-class EncodeError(ValueError):
-    """A failure of the encode command to report as one `error: ...` line."""
+class EncodeError(errors.BadInput):
+    """A failure of the encode command to report as one `error: ...` line (a ValueError; its
+    message names settings by their keywords, `keep_going=True`, which the CLI spells as flags)."""
 
 
 # ---- finding inputs ------------------------------------------------------------------------------

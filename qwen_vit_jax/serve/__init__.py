@@ -8,8 +8,12 @@
   metrics.py    Prometheus metrics of one app.
   service.py    admission, lookups, in-flight dedup, cancellation: an item's way through.
   bounds.py     the per-item bound: the service's Preprocessing, what an item may cost.
-  asgi.py       create_app(settings): the FastAPI app (routes, limits, auth, answers).
-  connections.py  uvicorn_config(app, settings): request-head and body deadlines, the connection limit.
+  statuses.py   every failure kind -> its HTTP status, metric label and body (the one place).
+  images.py     an image's format (the allow-list) and size from its header, never decoded.
+  request.py    a request body -> its items, strictly (refused at the first wrong character).
+  answers.py    the answer, streamed (JSON or the safetensors file).
+  asgi.py       create_app(settings): the FastAPI app (routes, auth, a request's way).
+  connections.py  uvicorn_config(app, settings): deadlines, bounded heads, the connection limits.
   client.py     Client(url, api_key=None).embed(images) -> Embeddings, retrying 429 / 503.
   cli.py        `qwen-vit-jax serve CKPT` flags and run.
   ray_app.py    app(checkpoint, ...): the same app as a Ray Serve application.

@@ -27,8 +27,8 @@ the batch's longest leading part with compiled programs runs (`prepare_batch(com
 its head alone, whose own program is compiled as `encode` would compile it), and the rest waits
 for the next batch.
 
-A batch whose call fails is retried item by item: the bad item fails alone (ValueError: a 400 for
-its request), its neighbours are answered.
+A batch whose call fails is retried item by item: the item that fails fails alone (the service
+reports it as its own failure, errors.Internal: a 500 for its request), its neighbours are answered.
 """
 
 from __future__ import annotations

@@ -8,15 +8,25 @@ workers ran it (a video's fps from its request applied). The same bytes as an im
 or a video at two fps, are different entries, in memory and on disk, where an entry lives exactly
 where `encode` puts it. Deepstack features live only in memory (the disk format holds the
 embedding alone): a request for them misses an entry without them.
+
+The disk cache fails soft (`DiskCache`): an entry that cannot be read or written (a full disk,
+safetensors' own SafetensorError, a read-only directory, a file where a directory should be) is a
+miss or a skipped write, counted in `qvj_cache_errors_total{op}` and logged as one line (the first
+of each kind, then once a minute), never a failure of the request and never a traceback.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
+import time
 
 import numpy as np
+
+log = logging.getLogger("qwen_vit_jax.serve")
+WARN_EVERY_S = 60.0  # a failing disk is logged once a minute at most (each failure is counted)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,3 +83,36 @@ class MemoryLRU:
     def nbytes(self) -> int:
         """The bytes of the results held (at most `capacity`)."""
         return self._bytes
+
+
+class DiskCache:
+    """`ContentCache` (data/cache.py) failing soft: get -> None and put -> nothing when the disk
+    fails, each failure counted in `metrics.cache_errors{op}`. Thread-safe (the service reads and
+    writes from threads)."""
+
+    def __init__(self, cache, metrics):
+        self.cache, self.metrics = cache, metrics
+        self._warned: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, digest: str):
+        try:
+            return self.cache.get(key, digest)
+        except Exception as e:  # noqa: BLE001 (whatever the disk or the reader raises: a miss)
+            self._failed("read", e)
+            return None
+
+    def put(self, key: str, digest: str, grid, embedding, timestamps) -> None:
+        try:
+            self.cache.put(key, digest, grid, embedding, timestamps)
+        except Exception as e:  # noqa: BLE001 (a full disk is SafetensorError, not OSError: any failure)
+            self._failed("write", e)
+
+    def _failed(self, op: str, e: Exception) -> None:
+        self.metrics.cache_errors.labels(op).inc()
+        now, kind = time.monotonic(), (op, type(e).__name__)
+        with self._lock:
+            if now - self._warned.get(kind, -WARN_EVERY_S) < WARN_EVERY_S:
+                return
+            self._warned[kind] = now
+        log.warning("the disk cache failed to %s an entry (served all the same): %s: %s", op, type(e).__name__, e)

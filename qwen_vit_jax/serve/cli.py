@@ -12,9 +12,8 @@ shutdown): 0 after a SIGTERM, 130 after a Ctrl-C, as every command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from qwen_vit_jax.config import parse_sizes
-from qwen_vit_jax.data.workers import default_workers
 from qwen_vit_jax.serve.settings import Settings
 
 SERVE_HELP = """\
@@ -28,15 +27,20 @@ An identical item is encoded once (in flight, the in-memory LRU, --cache DIR on 
 --warmup-batches their batch shapes too), /metrics (Prometheus). Binding anything but loopback
 requires --api-key-file.
 
-Strangers are expected: a request head must arrive whole within --header-timeout, and a body may not
-pause longer (408); sockets that send no head never keep a client out (one that sends a head takes
-the slot of the oldest that has not); an item costs at most --max-item-patches per frame (a larger
-image is resized down to it, or refused with --oversize refuse); nothing is opened by name.
+Strangers are expected: a request head must arrive whole within --header-timeout and hold at most
+--max-head-kb (408, 431), a body may not pause longer (408) and an answer may not be left unread
+longer (cut off); sockets that send no head never keep a client out (one that sends a head takes
+the slot of the oldest that has not), and one address reads at most --max-peer-bodies bodies at
+once (429); an item costs at most --max-item-patches per frame (a larger image is resized down to
+it, or refused with --oversize refuse); images come in JPEG, PNG, WebP, GIF, BMP, TIFF or PNM (415
+otherwise), sized from their headers; nothing is opened by name. Settings that contradict each
+other are refused before anything listens.
 """
 
 
 def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter) -> argparse.ArgumentParser:
-    """Add `serve` to the CLI's subparsers; its func is `run`."""
+    """Add `serve` to the CLI's subparsers; its func is `run`. Every flag but --log-level is a
+    Settings field's (its metadata: flag, help, unit; its default: the field's)."""
     p = subparsers.add_parser(
         "serve",
         formatter_class=formatter_class,
@@ -44,108 +48,31 @@ def add_parser(subparsers, formatter_class=argparse.RawDescriptionHelpFormatter)
         description=SERVE_HELP,
         epilog="example: qwen-vit-jax serve q3b --declare 36x36 --max-wait-ms 5 --cache ~/.cache/qvj-emb",
     )
-    p.add_argument("checkpoint", metavar="CKPT", help="converted dir, HF checkpoint dir or hub id in the local cache")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a key)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype")
-    p.add_argument(
-        "--max-batch-patches", type=int, metavar="N", help="patches per device call (default: a full bucket, 16384)"
-    )
-    p.add_argument("--max-wait-ms", type=float, default=5.0, metavar="M", help="a batch's longest wait (default 5)")
-    p.add_argument(
-        "--max-queue", type=int, default=256, metavar="ITEMS", help="items queued at most; past it 429 (default 256)"
-    )
-    p.add_argument("--cache", metavar="DIR", help="content-hash cache directory (the format of encode --cache)")
-    p.add_argument(
-        "--cache-mb", type=int, default=256, metavar="MB", help="in-memory LRU of embeddings, MiB (default 256; 0 off)"
-    )
-    p.add_argument("--api-key-file", metavar="FILE", help="bearer token clients must send (its first line)")
-    p.add_argument("--declare", metavar="SIZES", help="sizes to compile and declare before ready: 36x36,2x24x24")
-    p.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="preparation worker processes (default: cores - 1, at least 1; 0: a thread)",
-    )
-    p.add_argument("--max-items", type=int, default=64, help="items per request at most (default 64; 413 past)")
-    p.add_argument("--max-body-mb", type=int, default=64, help="request body MiB at most (default 64; 413 past)")
-    p.add_argument(
-        "--max-image-pixels", type=int, default=50_000_000, help="pixels per image at most (default 50M; 413 past)"
-    )
-    p.add_argument(
-        "--max-item-patches",
-        type=int,
-        metavar="N",
-        help="patches per image or video frame at most (default: the patch budget of one device call)",
-    )
-    p.add_argument(
-        "--oversize",
-        choices=("resize", "refuse"),
-        default="resize",
-        help="an image over --max-item-patches: resized down keeping its aspect (default) or refused (413)",
-    )
-    p.add_argument(
-        "--max-frames", type=int, metavar="N", help="frames per video at most (default: the checkpoint's max_frames)"
-    )
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60; 504 past)")
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=512,
-        help="open connections at most; one without a request head makes room, else 503 (default 512)",
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds to send a whole request head, and the longest pause in a body (default 10; 408 past)",
-    )
-    p.add_argument(
-        "--keep-alive",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="idle connections close after S seconds (default 30)",
-    )
-    p.add_argument("--compile-cache", metavar="DIR", help="JAX's persistent compilation cache directory")
-    p.add_argument(
-        "--warmup-batches",
-        action=argparse.BooleanOptionalAction,
-        help="compile the batch shapes of the --declare sizes before ready (default: on with --compile-cache)",
-    )
+    for f in dataclasses.fields(Settings):
+        m = f.metadata
+        default = None if f.default is dataclasses.MISSING or f.default is None else f.default
+        shown = default // m["scale"] if default is not None and m["scale"] != 1 else default
+        kw = {"help": m["help"].format(default=shown), "metavar": m["metavar"], "choices": m["choices"]}
+        if m["flag"] is None:
+            p.add_argument(f.name, **kw)
+        elif f.type == "bool | None":
+            p.add_argument(m["flag"], dest=f.name, action=argparse.BooleanOptionalAction, help=kw["help"])
+        else:  # the default stays None on the parser: an absent flag leaves the field's own default
+            p.add_argument(m["flag"], dest=f.name, type=m["parse"], **kw)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run)
     return p
 
 
 def settings_from(args) -> Settings:
-    return Settings(
-        checkpoint=args.checkpoint,
-        host=args.host,
-        port=args.port,
-        dtype=args.dtype,
-        max_batch_patches=args.max_batch_patches,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        cache=args.cache,
-        cache_bytes=args.cache_mb << 20,
-        api_key_file=args.api_key_file,
-        declare=parse_sizes(args.declare, "--declare") if args.declare else (),
-        workers=default_workers() if args.workers is None else args.workers,
-        max_items=args.max_items,
-        max_body_bytes=args.max_body_mb << 20,
-        max_image_pixels=args.max_image_pixels,
-        max_item_patches=args.max_item_patches,
-        oversize=args.oversize,
-        max_frames=args.max_frames,
-        request_timeout_s=args.timeout,
-        max_connections=args.max_connections,
-        keep_alive_s=args.keep_alive,
-        header_timeout_s=args.header_timeout,
-        compile_cache=args.compile_cache,
-        warmup_batches=args.warmup_batches,
-    )
+    """The flags given -> Settings (a flag left out: the field's default; a flag in a larger unit,
+    --cache-mb, scaled to the field's)."""
+    given = {}
+    for f in dataclasses.fields(Settings):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            given[f.name] = value * f.metadata["scale"] if f.metadata["scale"] != 1 else value
+    return Settings(**given)
 
 
 def run(args) -> int:

@@ -25,8 +25,10 @@ import time
 import numpy as np
 
 from qwen_vit_jax.data.embeddings import Embeddings
+from qwen_vit_jax.serve.statuses import OK, RETRY
 
-RETRY_STATUSES = (429, 503)
+RETRY_STATUSES = RETRY  # queue full, not ready, a worker lost: the same request may succeed later
+SHOWN_CHARS = 512  # of a body that is not the service's JSON error, in the ServeError
 
 
 class ServeError(RuntimeError):
@@ -79,7 +81,7 @@ class Client:
         import httpx
 
         try:
-            return self._http.get("/readyz").status_code == 200
+            return self._http.get("/readyz").status_code == OK
         except httpx.TransportError:
             return False
 
@@ -139,7 +141,7 @@ class Client:
                 time.sleep(wait)
                 wait *= 2
                 continue
-            if r.status_code == 200:
+            if r.status_code == OK:
                 return r.json()
             if r.status_code in RETRY_STATUSES and attempt < self.retries:
                 after = r.headers.get("retry-after")
@@ -149,7 +151,7 @@ class Client:
             try:
                 message = r.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
-                message = r.text[:500]
+                message = r.text[:SHOWN_CHARS]
             raise ServeError(r.status_code, message)
         raise AssertionError("unreachable")
 

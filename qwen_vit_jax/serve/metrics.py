@@ -2,7 +2,8 @@
 in one process (tests, a Ray replica per device) never share counters.
 
     qvj_requests_total{status}             requests answered, by HTTP status
-    qvj_items_total{status}                items answered: ok, cached, bad_input, too_large, busy,
+    qvj_items_total{status}                items answered: ok, cached, and the failures' labels
+                                           (statuses.py): bad_input, too_large, unsupported, busy,
                                            unavailable (a dead worker), timeout, cancelled, error
     qvj_queue_items                        items admitted and not yet answered (what --max-queue bounds)
     qvj_waiting_items{stage}               of those, waiting for a worker (prepare) or their batch (batch)
@@ -10,15 +11,19 @@ in one process (tests, a Ray replica per device) never share counters.
     qvj_batch_padding                      padded rows / bucket rows of each device call
     qvj_cache_total{result}                memory / disk / inflight hits, and misses
     qvj_cache_bytes                        bytes of embeddings the in-memory LRU holds (<= --cache-mb)
+    qvj_cache_errors_total{op}             disk cache reads / writes that failed (a full or read-only disk):
+                                           the item is answered all the same
     qvj_stage_seconds{stage}               queue (admitted -> prepared or batched), prepare (in a worker),
-                                           device (the encode call), respond (encoding the answer)
+                                           device (the encode call), respond (encoding and sending the answer)
     qvj_request_seconds                    whole requests
     qvj_workers_replaced_total             preparation workers replaced after dying
     qvj_connections                        open connections (what --max-connections bounds)
-    qvj_connections_closed_total{reason}   connections the server closed: header_timeout, body_timeout,
-                                           drain_timeout (a body still arriving after its answer), evicted
-                                           (no request head when a request needed the slot), over_limit
-                                           (every slot held a request: 503)
+    qvj_connections_closed_total{reason}   connections the server closed, by deadline: header_timeout,
+                                           body_timeout, drain_timeout (a body still arriving after its
+                                           answer), send_timeout (an answer left unread), keep_alive; by
+                                           bound: head_too_large (431), evicted (no request head when a
+                                           request needed the slot), over_limit (every slot held a request:
+                                           503), peer_bodies (the address's body slots taken: 429)
     qvj_items_resized_total                images resized down to --max-item-patches
     qvj_programs / qvj_compile_seconds     programs compiled (or loaded from the persistent compilation
                                            cache) so far, and the seconds that took: a new batch shape
@@ -62,6 +67,9 @@ class Metrics:
         )
         self.request_seconds = Histogram(
             "qvj_request_seconds", "Seconds per request", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.cache_errors = Counter(
+            "qvj_cache_errors", "Disk cache reads or writes that failed (answered all the same)", ["op"], registry=r
         )
         self.cache_bytes = Gauge("qvj_cache_bytes", "Bytes of embeddings in the in-memory LRU", registry=r)
         self.programs = Gauge("qvj_programs", "Programs compiled or loaded so far", registry=r)

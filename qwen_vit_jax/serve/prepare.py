@@ -46,7 +46,7 @@ class Task:
 def prepare_item(config, video_config, variant: str, kind: str, payload: bytes, fps: float | None) -> dict:
     """What a worker does with one item: Prepare's dict for its bytes. A video goes through a
     temporary file of the worker's own (PyAV reads files); the request never names a path. Without
-    PyAV a video's dict has "missing": "av" (the server's fault, answered 501, not the client's 400)."""
+    PyAV a video's dict has "missing": "av" (the server's fault, answered 500, not the client's 400)."""
     from qwen_vit_jax.data.pipeline import Prepare
     from qwen_vit_jax.preprocess.config import Preprocessing
 

@@ -23,10 +23,8 @@ Ray's HTTP proxy listens where `serve start --http-host` (or `serve.start(http_o
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
-from qwen_vit_jax.config import parse_sizes
-from qwen_vit_jax.serve.settings import Settings
+from qwen_vit_jax.serve.settings import FIELDS, Settings, parse
 
 DEPLOYMENT = "qwen_vit_jax"
 
@@ -158,22 +156,20 @@ def build(args: dict[str, str]):
 
 
 def parse_args(args: dict[str, str]) -> dict:
-    """`serve run`'s key=value strings -> `app`'s keyword arguments: each Settings field read as its
-    type, `declare` as `--declare` takes it (36x36,2x24x24), num_gpus, min_replicas, max_replicas
-    and target_ongoing_requests as numbers; `checkpoint` is required."""
+    """`serve run`'s key=value strings -> `app`'s keyword arguments: each Settings field read by its
+    flag's own parser (`settings.parse`: `declare` as `--declare` takes it, 36x36,2x24x24; values in
+    the field's unit, bytes for cache_bytes), num_gpus, min_replicas, max_replicas and
+    target_ongoing_requests as numbers; `checkpoint` is required."""
     args = dict(args)
     if "checkpoint" not in args:
         raise ValueError("serve run ...ray_app:build needs checkpoint=CKPT")
-    kinds = {f.name: f for f in dataclasses.fields(Settings)}
     numbers = {"num_gpus": float, "min_replicas": int, "max_replicas": int, "target_ongoing_requests": float}
     kw = {"checkpoint": args.pop("checkpoint")}
     for key, text in args.items():
         if key in numbers:
             kw[key] = _number(key, text, numbers[key])
-        elif key == "declare":
-            kw[key] = parse_sizes(text, "--declare")
-        elif key in kinds:
-            kw[key] = _typed(kinds[key], text)
+        elif key in FIELDS:
+            kw[key] = parse(key, text)
         else:
             raise ValueError(
                 f"serve run ...ray_app:build: unknown argument {key!r} (the Settings fields, {', '.join(numbers)})"
@@ -186,17 +182,6 @@ def _number(name: str, text: str, cast):
         return cast(text)
     except ValueError:
         raise ValueError(f"{name}={text!r}: not {'an int' if cast is int else 'a number'}") from None
-
-
-def _typed(field: dataclasses.Field, text: str):
-    """A Settings field's value from its text, by the type of the field's annotation."""
-    kind = str(field.type)
-    if text.lower() == "none" and "None" in kind:
-        return None
-    for name, cast in (("int", int), ("float", float)):
-        if kind.split(" |")[0] == name:
-            return _number(field.name, text, cast)
-    return text
 
 
 def _cluster() -> tuple[float, int]:

@@ -2,17 +2,24 @@
 
     svc = Service(settings, metrics)
     svc.load()                                    # a thread: the encoder, declared sizes, workers
-    results = await svc.embed(items, deepstack)   # [(Result, cached)] in order, or Failure
+    results = await svc.embed(items, deepstack)   # [(Result, cached)] in order, or an errors.Error
 
 An item's way: its key (its bytes' sha256, hashed with the request's parsing, and the settings
 fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-memory LRU -> an
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
 a preparation worker (prepare.py) -> the batcher (batcher.py) -> the caches. One `preprocessing`
 serves the workers and the keys: what an item is prepared with is what its key says. Admission counts
-items: past `max_queue` items admitted and not answered a request is refused (`Busy`, a 429) before
-anything of it is done, so memory stays bounded under overload. A request that is cancelled (its
-client gone, its timeout) withdraws its items: a queued item no other request waits for is dropped
-before it reaches a worker or the device.
+items: past `max_queue` items admitted and not answered a request is refused (`errors.Overloaded`)
+before anything of it is done, so memory stays bounded under overload; a request that could never be
+admitted (more items than `max_queue`) is `errors.TooLarge`, not a wait. A request that is cancelled
+(its client gone, its timeout) withdraws its items: a queued item no other request waits for is
+dropped before it reaches a worker or the device.
+
+Failures are `qwen_vit_jax.errors`' kinds, raised where they are known; statuses.py alone turns
+them into HTTP. A failure of the device call or of anything else of the server's own (a bad
+checkpoint: its pixel table overflowing, a program that fails) is `errors.Internal`, never the
+client's: its details go to the log. A disk cache that cannot be read or written is skipped
+(cache.DiskCache: a warning and a count), never a failure of the item.
 """
 
 from __future__ import annotations
@@ -24,27 +31,12 @@ import logging
 import threading
 import time
 
-from qwen_vit_jax.serve.cache import MemoryLRU, Result
+from qwen_vit_jax import errors
+from qwen_vit_jax.serve.cache import DiskCache, MemoryLRU, Result
 from qwen_vit_jax.serve.prepare import PreparePool, Task, WorkerDied
-from qwen_vit_jax.serve.settings import Settings
+from qwen_vit_jax.serve.settings import Settings, flag
 
 log = logging.getLogger("qwen_vit_jax.serve")
-
-
-class Failure(Exception):
-    """An item (or request) that cannot be answered: its HTTP status and a message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-class Busy(Exception):
-    """The queue is full: a 429 with Retry-After `retry_after` seconds."""
-
-    def __init__(self, retry_after: int = 1):
-        super().__init__(f"the queue is full; retry after {retry_after} s")
-        self.retry_after = retry_after
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +79,11 @@ class Service:
         try:
             enc = encoder if encoder is not None else _load_encoder(s)
             budget = s.max_batch_patches or enc.max_batch_patches
+            if s.max_item_patches is not None and s.max_item_patches > budget:  # Settings checks an explicit one
+                raise ValueError(
+                    f"{flag('max_item_patches')} {s.max_item_patches} is more than the checkpoint's patch budget "
+                    f"{budget} ({flag('max_batch_patches')}): an item could never fit one device call"
+                )
             if s.declare:  # their tight buckets: an item of such a size alone runs as encode runs it
                 enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
             if s.warmup_batches:
@@ -102,7 +99,7 @@ class Service:
                 from qwen_vit_jax.weights.sources import resolve_source
 
                 self._weights = checkpoint_fingerprint(resolve_source(s.checkpoint).path)
-                self.disk = ContentCache(s.cache, self._weights, enc.dtype)
+                self.disk = DiskCache(ContentCache(s.cache, self._weights, enc.dtype), self.metrics)
             from qwen_vit_jax.serve.batcher import Batcher
 
             p = self.preprocessing
@@ -158,12 +155,24 @@ class Service:
             self.pool.close()
 
     # ---- admission -----------------------------------------------------------------------------
-    def full(self) -> bool:
-        return self.queued >= self.settings.max_queue
+    def check_room(self) -> None:
+        """Overloaded while the queue is full (a request is then refused before its body is read)."""
+        if self.queued >= self.settings.max_queue:
+            after = self._retry_after()
+            raise errors.Overloaded(f"the queue is full; retry after {after} s", retry_after=after, limit="max_queue")
+
+    def _retry_after(self) -> int:
+        return max(1, round(self.settings.max_wait_ms / 1000 + 1))
 
     def admit(self, n: int) -> None:
-        if self.queued + n > self.settings.max_queue:
-            raise Busy(retry_after=max(1, round(self.settings.max_wait_ms / 1000 + 1)))
+        """Count `n` items in; Overloaded while the queue is too full for them, TooLarge when it
+        never could hold them (a wait would not help)."""
+        s = self.settings
+        if n > s.max_queue:
+            raise errors.TooLarge(f"{n} items in one request; the queue holds {s.max_queue}", limit="max_queue")
+        if self.queued + n > s.max_queue:
+            after = self._retry_after()
+            raise errors.Overloaded(f"the queue is full; retry after {after} s", retry_after=after, limit="max_queue")
         self.queued += n
         self.metrics.queue.set(self.queued)
 
@@ -173,18 +182,19 @@ class Service:
 
     # ---- requests ------------------------------------------------------------------------------
     async def embed(self, items: list[Item], deepstack: bool) -> list[tuple[Result, bool]]:
-        """Every item's (Result, cached), in order. The first item that fails raises Failure naming
-        it (`input[i]: ...`) and withdraws the others; cancelling withdraws them all."""
+        """Every item's (Result, cached), in order. The first item that fails raises its error
+        (an errors.Error, its message naming it: `input[i]: ...`) and withdraws the others;
+        cancelling withdraws them all."""
         tasks = [asyncio.ensure_future(self._one(it, deepstack)) for it in items]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for i, t in enumerate(tasks):
                 if t in done and t.exception() is not None:
                     e = t.exception()
-                    if isinstance(e, Failure):
-                        raise Failure(e.status, f"input[{i}]: {e.message}") from None
-                    log.error("input[%d] failed", i, exc_info=e)  # the details stay in the log
-                    raise Failure(500, f"input[{i}]: an internal error (logged by the server)") from e
+                    if not isinstance(e, errors.Error):
+                        log.error("input[%d] failed", i, exc_info=e)  # the details stay in the log
+                        e = errors.Internal("an internal error (logged by the server)")
+                    raise e.at(f"input[{i}]") from None
             return [t.result() for t in tasks]
         finally:
             for t in tasks:
@@ -239,15 +249,15 @@ class Service:
             task.cancelled = True
             raise
         except WorkerDied as e:
-            raise Failure(503, f"{e}; not prepared, send it again") from None
+            raise errors.Unavailable(f"{e}; not prepared, send it again") from None
         m.stage.labels("prepare").observe(d.get("seconds", 0.0))
         waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
         if d.get("missing"):  # the server lacks a decoder: its fault, not the client's
-            raise Failure(501, f"this server cannot read a {item.kind}: {d['error']}")
+            raise errors.Internal(f"this server cannot read a {item.kind}: {d['error']}")
         if d.get("error"):
-            raise Failure(400, f"cannot read this {item.kind}: {d['error']}")
+            raise errors.BadInput(f"cannot read this {item.kind}: {d['error']}")
         if (over := self.bound.grid_over(item.kind, d["grid"])) is not None:
-            raise Failure(413, over)
+            raise errors.TooLarge(over, limit="max_item_patches")
         from qwen_vit_jax.serve.batcher import Job
 
         job = Job(*self._unpack(d), deepstack, waited)
@@ -257,18 +267,16 @@ class Service:
         except asyncio.CancelledError:
             self.batcher.cancel(job)
             raise
-        except ValueError as e:
-            raise Failure(400, str(e)) from None
+        except errors.Error:
+            raise
+        except Exception as e:  # noqa: BLE001 (the device call's failure: the server's, e.g. a checkpoint whose
+            # pixel table overflows fails the finiteness check; never the client's 400)
+            log.error("the device call failed for a %s (%s)", item.kind, item.digest[:12], exc_info=e)
+            raise errors.Internal("the device call failed (an internal error, logged by the server)") from None
         self.memory.put(key, r)
-        if self.disk is not None:
-            asyncio.get_running_loop().run_in_executor(None, self._disk_put, key, r)
+        if self.disk is not None:  # fails soft (DiskCache): a warning and a count, never the answer's failure
+            asyncio.get_running_loop().run_in_executor(None, self.disk.put, *key, r.grid, r.embedding, r.timestamps)
         return r, False
-
-    def _disk_put(self, key: tuple[str, str], r: Result) -> None:
-        try:
-            self.disk.put(*key, r.grid, r.embedding, r.timestamps)
-        except OSError as e:  # a full or read-only disk: served all the same, logged
-            log.warning("cache write failed: %s", e)
 
 
 def _load_encoder(s: Settings):

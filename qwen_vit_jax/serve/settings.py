@@ -1,12 +1,15 @@
-"""The service's settings: one frozen object, what `qwen-vit-jax serve`'s flags say (cli.py), what
-`create_app` and the Ray Serve deployment take. No jax, no web framework here: the CLI's --help and
-the worker processes import it.
+"""The service's settings: one frozen object, the one source of its defaults. `qwen-vit-jax serve`'s
+flags are built from its fields (cli.py: each field's flag, help and unit are its metadata), and
+so are the Ray app's key=value arguments (ray_app.py). No jax, no web framework here: the CLI's
+--help and the worker processes import it.
 
     s = Settings(checkpoint="ckpt", max_batch_patches=4096, declare=((1, 36, 36),))
     app = qvj.serve.create_app(s)
 
-Binding an address other than loopback requires an API key file (`check`): an encoder reachable
-from the network answers only holders of the bearer token.
+Settings that contradict each other are refused when the object is made (a ValueError naming both
+flags): more items per request than the queue admits, a per-item bound above the batch budget,
+more body slots per peer than connections. Binding an address other than loopback requires an API
+key file: an encoder reachable from the network answers only holders of the bearer token.
 """
 
 from __future__ import annotations
@@ -16,91 +19,197 @@ import ipaddress
 import pathlib
 
 LOOPBACK_NAMES = ("localhost",)
+DEFAULT_MAX_ITEMS = 64
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _sizes(text: str):
+    from qwen_vit_jax.config import parse_sizes
+
+    return parse_sizes(text, "--declare")
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
+def knob(default, flag: str, help: str, *, parse=str, metavar: str | None = None, scale: int = 1, choices=None):
+    """A Settings field and what its flag is: `flag` (None: positional), `help` ("{default}" is the
+    default in the flag's unit), `parse` (text -> value in the flag's unit), `scale` (the flag's unit
+    in the field's: MiB for a field in bytes)."""
+    meta = {"flag": flag, "help": help, "parse": parse, "metavar": metavar, "scale": scale, "choices": choices}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Every knob of the service.
+    """Every knob of the service; each field's help says what it does (`qwen-vit-jax serve --help`
+    prints them, docs/serve.md tabulates them with their status codes)."""
 
-    checkpoint: what VisionEncoder.from_pretrained takes (a converted dir, an HF dir, a cached hub id).
-    host, port: where uvicorn listens (loopback by default).
-    dtype: "float32" or "bfloat16".
-    max_batch_patches: the patch budget of one device call (None: the encoder's, a full bucket).
-    max_wait_ms: how long the oldest waiting item may wait for its batch to fill.
-    max_queue: items admitted and not yet answered, at most; a request past it gets 429.
-    cache: the content-hash cache directory (the CLI's `--cache DIR` format), or None.
-    cache_bytes: the in-memory LRU's size in bytes of embeddings (0: none).
-    api_key_file: a file holding the bearer token (its first line), or None (no auth).
-    declare: grids (t, h, w) in patches to compile and declare (tight buckets) before ready.
-    workers: preparation worker processes (0: a thread of the server process).
-    max_body_bytes, max_items, max_image_pixels: request limits (413 past them).
-    max_item_patches: patches per image or video frame at most (None: the patch budget of one device
-      call). An image over it is resized down to fit, keeping its aspect (`oversize="resize"`), or
-      refused with 413 (`oversize="refuse"`); a video frame still over it is refused (bounds.py).
-    max_frames: frames per video at most (None: the checkpoint's video max_frames; only lowers it).
-    request_timeout_s: a request still unanswered after this gets 504, its queued items dropped.
-    max_connections: open connections at most; past it a connection without a request head is
-      closed to make room for one with a head, else 503 (connections.py). Bounds the bodies read at once.
-    header_timeout_s: a request head must arrive whole within this, and a body may pause no longer
-      (408 and closed past it; a body must be whole within request_timeout_s).
-    keep_alive_s: an idle connection is closed after this. Longer than clients keep idle
-      connections (httpx: 5 s), so a client never sends on a connection the server is closing.
-    compile_cache: JAX's persistent compilation cache directory, or None.
-    warmup_batches: before ready, compile (or load from compile_cache) the batch shapes the declared
-      sizes form under the patch budget; None (the default): on when compile_cache is set.
-    """
-
-    checkpoint: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    dtype: str = "float32"
-    max_batch_patches: int | None = None
-    max_wait_ms: float = 5.0
-    max_queue: int = 256
-    cache: str | None = None
-    cache_bytes: int = 256 << 20
-    api_key_file: str | None = None
-    declare: tuple[tuple[int, int, int], ...] = ()
-    workers: int = 1
-    max_body_bytes: int = 64 << 20
-    max_items: int = 64
-    max_image_pixels: int = 50_000_000
-    max_item_patches: int | None = None
-    oversize: str = "resize"
-    max_frames: int | None = None
-    request_timeout_s: float = 60.0
-    max_connections: int = 512
-    keep_alive_s: float = 30.0
-    header_timeout_s: float = 10.0
-    compile_cache: str | None = None
-    warmup_batches: bool | None = None
+    checkpoint: str = knob(
+        dataclasses.MISSING, None, "converted dir, HF checkpoint dir or hub id in the local cache", metavar="CKPT"
+    )
+    host: str = knob("127.0.0.1", "--host", "address to bind (default {default}; others need --api-key-file)")
+    port: int = knob(8000, "--port", "port (default {default})", parse=int)
+    dtype: str = knob("float32", "--dtype", "compute dtype (default {default})", choices=("float32", "bfloat16"))
+    max_batch_patches: int | None = knob(
+        None, "--max-batch-patches", "patches per device call (default: a full bucket, 16384)", parse=int, metavar="N"
+    )
+    max_wait_ms: float = knob(
+        5.0, "--max-wait-ms", "a batch's longest wait (default {default:g})", parse=float, metavar="M"
+    )
+    max_queue: int = knob(
+        256,
+        "--max-queue",
+        "items admitted and not answered at most; past it 429 (default {default})",
+        parse=int,
+        metavar="ITEMS",
+    )
+    cache: str | None = knob(
+        None, "--cache", "content-hash cache directory (the format of encode --cache)", metavar="DIR"
+    )
+    cache_bytes: int = knob(
+        256 * MiB,
+        "--cache-mb",
+        "in-memory LRU of embeddings, MiB (default {default}; 0 off)",
+        parse=int,
+        scale=MiB,
+        metavar="MB",
+    )
+    api_key_file: str | None = knob(
+        None, "--api-key-file", "bearer token clients must send (its first line: printable ASCII)", metavar="FILE"
+    )
+    declare: tuple[tuple[int, int, int], ...] = knob(
+        (), "--declare", "sizes to compile and declare before ready: 36x36,2x24x24", parse=_sizes, metavar="SIZES"
+    )
+    workers: int | None = knob(
+        None,
+        "--workers",
+        "preparation worker processes (default: cores - 1, at least 1; 0: a thread)",
+        parse=int,
+        metavar="N",
+    )
+    max_body_bytes: int = knob(
+        64 * MiB,
+        "--max-body-mb",
+        "request body MiB at most (default {default}; 413 past)",
+        parse=int,
+        scale=MiB,
+        metavar="MB",
+    )
+    max_items: int | None = knob(
+        None,
+        "--max-items",
+        "items per request at most (default: 64, or --max-queue if less; 413 past)",
+        parse=int,
+        metavar="N",
+    )
+    max_image_pixels: int = knob(
+        50_000_000,
+        "--max-image-pixels",
+        "pixels per image at most (default {default:,}; 413 past)",
+        parse=int,
+        metavar="N",
+    )
+    max_item_patches: int | None = knob(
+        None,
+        "--max-item-patches",
+        "patches per image or video frame at most (default: --max-batch-patches)",
+        parse=int,
+        metavar="N",
+    )
+    oversize: str = knob(
+        "resize",
+        "--oversize",
+        "an image over --max-item-patches: resized down keeping its aspect (default) or refused (413)",
+        choices=("resize", "refuse"),
+    )
+    max_frames: int | None = knob(
+        None, "--max-frames", "frames per video at most (default: the checkpoint's max_frames)", parse=int, metavar="N"
+    )
+    request_timeout_s: float = knob(
+        60.0, "--timeout", "seconds a request may take (default {default:g}; 504 past)", parse=float, metavar="S"
+    )
+    max_connections: int = knob(
+        512,
+        "--max-connections",
+        "open connections at most; one without a request head makes room, else 503 (default {default})",
+        parse=int,
+        metavar="N",
+    )
+    max_peer_bodies: int | None = knob(
+        None,
+        "--max-peer-bodies",
+        "connections of one client address reading a body at once; past it 429 (default: --max-connections / 4)",
+        parse=int,
+        metavar="N",
+    )
+    max_head_bytes: int = knob(
+        64 * KiB,
+        "--max-head-kb",
+        "a request head's KiB at most (default {default}; 431 past)",
+        parse=int,
+        scale=KiB,
+        metavar="KB",
+    )
+    header_timeout_s: float = knob(
+        10.0,
+        "--header-timeout",
+        "seconds to send a whole request head, the longest pause in a body and the longest a client may "
+        "leave its answer unread (default {default:g}; 408 past)",
+        parse=float,
+        metavar="S",
+    )
+    keep_alive_s: float = knob(
+        30.0, "--keep-alive", "idle connections close after S seconds (default {default:g})", parse=float, metavar="S"
+    )
+    compile_cache: str | None = knob(
+        None, "--compile-cache", "JAX's persistent compilation cache directory", metavar="DIR"
+    )
+    warmup_batches: bool | None = knob(
+        None,
+        "--warmup-batches",
+        "compile the batch shapes of the --declare sizes before ready (default: on with --compile-cache)",
+        parse=_bool,
+    )
 
     def __post_init__(self):
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
         if self.warmup_batches is None:  # a restart with the same compile cache loads them in seconds
-            object.__setattr__(self, "warmup_batches", self.compile_cache is not None)
-        positive = ("max_queue", "max_items", "max_body_bytes", "max_image_pixels", "max_connections")
+            put("warmup_batches", self.compile_cache is not None)
+        if self.workers is None:
+            from qwen_vit_jax.data.workers import default_workers
+
+            put("workers", default_workers())
+        positive = ("max_queue", "max_body_bytes", "max_image_pixels", "max_connections", "max_head_bytes")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.max_batch_patches is not None and (
-            not isinstance(self.max_batch_patches, int) or self.max_batch_patches <= 0
-        ):
-            raise ValueError(f"max_batch_patches must be a positive int or None, got {self.max_batch_patches!r}")
-        for name in ("max_item_patches", "max_frames"):
+        if self.max_items is None:
+            put("max_items", min(DEFAULT_MAX_ITEMS, self.max_queue))
+        if self.max_peer_bodies is None:
+            put("max_peer_bodies", max(self.max_connections // 4, 1))
+        for name in ("max_items", "max_batch_patches", "max_item_patches", "max_frames", "max_peer_bodies"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        if self.oversize not in ("resize", "refuse"):
-            raise ValueError(f'oversize must be "resize" or "refuse", got {self.oversize!r}')
-        if not self.header_timeout_s > 0:
-            raise ValueError(f"header_timeout_s must be > 0, got {self.header_timeout_s!r}")
+        for name in ("dtype", "oversize"):
+            if getattr(self, name) not in (choices := _field(name).metadata["choices"]):
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
+        for name in ("header_timeout_s", "keep_alive_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
-        if not self.keep_alive_s > 0:
-            raise ValueError(f"keep_alive_s must be > 0, got {self.keep_alive_s!r}")
-        if not self.request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {self.workers!r}")
         if not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
@@ -110,20 +219,78 @@ class Settings:
         for g in self.declare:
             if len(g) != 3 or min(g) <= 0:
                 raise ValueError(f"declare holds {g!r}: each size is (t, h, w) in patches, all positive")
+        self._refuse_contradictions()
         if self.api_key_file is None and not is_loopback(self.host):
             raise ValueError(
                 f"binding {self.host!r} (not loopback) requires an API key: --api-key-file FILE "
                 "(a file holding the bearer token clients send)"
             )
 
+    def _refuse_contradictions(self) -> None:
+        """Pairs of settings that cannot both hold: a ValueError naming both flags."""
+        pairs = [
+            ("max_items", "max_queue", "a request of more items than the queue admits could never be answered"),
+            ("max_peer_bodies", "max_connections", "one address could never hold that many"),
+        ]
+        if self.max_batch_patches is not None:  # (None: the encoder's budget, checked when it is known)
+            pairs.append(("max_item_patches", "max_batch_patches", "an item could never fit one device call"))
+        for low, high, why in pairs:
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and a > b:
+                raise ValueError(
+                    f"{flag(low)} {self.shown(low)} is more than {flag(high)} {self.shown(high)}: {why} "
+                    f"({low}={a!r}, {high}={b!r}); lower {flag(low)} or raise {flag(high)}"
+                )
+
+    def shown(self, name: str):
+        """A field's value in its flag's unit (bytes as MiB for --cache-mb, ...)."""
+        value = getattr(self, name)
+        scale = _field(name).metadata["scale"]
+        return value // scale if scale != 1 and value is not None else value
+
     def api_key(self) -> str | None:
-        """The bearer token (the key file's first line, stripped), or None without a key file."""
+        """The bearer token (the key file's first line, stripped), or None without a key file. A
+        ValueError for an empty key or one that is not printable ASCII without spaces: an HTTP
+        header carries it as bytes, and a client could not send any other as it reads."""
         if self.api_key_file is None:
             return None
-        text = pathlib.Path(self.api_key_file).read_text().strip().splitlines()
+        text = pathlib.Path(self.api_key_file).read_text(encoding="utf-8", errors="replace").strip().splitlines()
         if not text or not text[0].strip():
             raise ValueError(f"{self.api_key_file}: the API key file is empty")
-        return text[0].strip()
+        key = text[0].strip()
+        bad = sorted({c for c in key if not "!" <= c <= "~"})
+        if bad:
+            shown = ", ".join(f"U+{ord(c):04X}" for c in bad[:3])
+            raise ValueError(
+                f"{self.api_key_file}: the API key must be printable ASCII without spaces (it travels in an "
+                f"HTTP header); it holds {shown}"
+            )
+        return key
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _field(name: str) -> dataclasses.Field:
+    return FIELDS[name]
+
+
+def flag(name: str) -> str:
+    """The `qwen-vit-jax serve` flag of a Settings field ("max_items" -> "--max-items")."""
+    return _field(name).metadata["flag"] or name.upper()
+
+
+def parse(name: str, text: str):
+    """A field's value from its text in the field's own unit (Ray's key=value arguments): the flag's
+    parser, "none" for a field that may be None."""
+    f = _field(name)
+    if text.lower() == "none" and f.default is None:
+        return None
+    try:
+        return f.metadata["parse"](text)
+    except ValueError as e:
+        kind = {int: "an int", float: "a number"}.get(f.metadata["parse"], None)
+        raise ValueError(f"{name}={text!r}: {f'not {kind}' if kind else e}") from None
 
 
 def is_loopback(host: str) -> bool:

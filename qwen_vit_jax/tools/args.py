@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 import sys
 
 from qwen_vit_jax.families import DTYPE_NAMES
@@ -22,6 +23,38 @@ TOWERS = (
 
 class CommandError(ValueError):
     """A failure to report as `error: <message>` with exit status 1."""
+
+
+def command_flags(command: str | None, dests) -> dict[str, str]:
+    """A command's keyword -> flag table, from its parsed arguments' names (`vars(args)`): `serve`'s
+    are its Settings fields' flags (request_timeout_s -> --timeout), the others' their own names
+    (keep_going -> --keep-going)."""
+    if command == "serve":
+        from qwen_vit_jax.serve.settings import FIELDS, flag
+
+        return {d: flag(d) for d in dests if d in FIELDS}
+    return {d: "--" + d.replace("_", "-") for d in dests if d not in ("command", "func")}
+
+
+_KEYWORD = re.compile(r"\b([a-z][a-z0-9_]*)=(True|False|[^\s,;)]+)")
+
+
+def in_flags(text: str, flags: dict[str, str], limit: str | None = None) -> str:
+    """A library's message in a command's words: each `keyword=value` of one of the command's flags
+    spelled as the flag (`keep_going=True` -> `--keep-going`, `fps=2` -> `--fps 2`), and the
+    setting the failure is about (an error's `limit`), where the message names it by no flag, added
+    as `(--flag)`. The library names keywords; only this edge knows their flags."""
+
+    def spell(m: re.Match) -> str:
+        name, value = m[1], m[2]
+        if name not in flags:
+            return m[0]
+        return flags[name] if value == "True" else f"{flags[name]} {value}"
+
+    text = _KEYWORD.sub(spell, text)
+    if limit in flags and flags[limit] not in text:
+        text += f" ({flags[limit]})"
+    return text
 
 
 def default_cache_dir() -> pathlib.Path:

@@ -15,9 +15,12 @@ are args.py. encode's inputs (finding, loading images and videos, the loop with 
 data/embeddings.py, several processes runtime/multihost.py.
 
 Every command reports failures as one `error: ...` line on stderr and a non-zero exit status
-(1; 2 for bad usage and for `verify` without torch / transformers; 130 when interrupted), never a
-traceback for a bad path or input. Building the parser imports no jax; each command imports what
-it needs (`verify` alone needs torch and transformers).
+(`report`, the one mapping: 1 for a bad path, flag, checkpoint or input; 70 for the program's own
+failure, `errors.Internal`; 75 for `errors.Unavailable` / `Overloaded`, worth a retry; 2 for bad
+usage and for `verify` without torch / transformers; 130 when interrupted), never a traceback for a
+bad path or input; a library's keywords in the message become the command's flags. Building the
+parser imports no jax; each command imports what it needs (`verify` alone needs torch and
+transformers).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 
 import numpy as np
 
+from qwen_vit_jax import errors
 from qwen_vit_jax.config import parse_sizes
 from qwen_vit_jax.files import sigterm_as_interrupt
 from qwen_vit_jax.serve import cli as serve_cli
@@ -48,7 +52,9 @@ from qwen_vit_jax.tools.args import (
     add_compile_cache,
     add_dtype,
     add_overwrite,
+    command_flags,
     compile_cache_dir,
+    in_flags,
     load_encoder,
 )
 
@@ -99,7 +105,7 @@ def cmd_verify(args) -> int:
             f"verify runs HF transformers as the reference and needs torch and transformers "
             f"({e}); install them, e.g. pip install 'qwen_vit_jax[test]'"
         )
-        return 2
+        return USAGE
     from qwen_vit_jax.config import VisionConfig
     from qwen_vit_jax.tools import hf_reference
     from qwen_vit_jax.weights.sources import HF_DIR, HUB, resolve_source
@@ -320,24 +326,48 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# What each failure exits with: the one table of the command line (the service's is serve/statuses.py).
+EXIT_STATUS = {
+    errors.BadInput: 1,  # and every other ValueError / OSError: a bad path, flag, checkpoint or input
+    errors.TooLarge: 1,
+    errors.Unsupported: 1,
+    errors.Internal: 70,  # EX_SOFTWARE: this program's own failure, not the input's
+    errors.Unavailable: 75,  # EX_TEMPFAIL: the same command may succeed later
+    errors.Overloaded: 75,
+}
+USAGE, INTERRUPTED = 2, 130
+
+
+def report(e: BaseException, flags: dict[str, str]) -> tuple[int, str]:
+    """(exit status, the `error: ...` line's message) of a failure, in the command's flags (`flags`:
+    args.command_flags): a library names settings by keyword, the error's `limit` the one it is about."""
+    if isinstance(e, KeyboardInterrupt):
+        said = str(e) if str(e) and not str(e).startswith("signal") else ""
+        return INTERRUPTED, "interrupted" + (f"; {in_flags(said, flags)}" if said else "")
+    status = next((EXIT_STATUS[k] for k in type(e).__mro__ if k in EXIT_STATUS), 1)
+    if isinstance(e, errors.Error):
+        return status, in_flags(e.message, flags, e.limit)
+    return status, in_flags(str(e), flags)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (`report`: every failure's, one `error: ...` line)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    flags: dict[str, str] = {}
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
             build_parser().print_help(sys.stderr)
-            return 2
+            return USAGE
+        flags = command_flags(args.command, vars(args))
         with sigterm_as_interrupt():  # a kill unwinds like Ctrl-C: temporary files are removed
             return args.func(args)
     except SystemExit as e:  # argparse: --help (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else 1
-    except (OSError, ValueError) as e:  # CommandError, missing files, bad checkpoints (CheckpointError), bad inputs
-        _error(str(e))
-        return 1
-    except KeyboardInterrupt as e:
-        _error("interrupted" + (f"; {e}" if str(e) and not str(e).startswith("signal") else ""))
-        return 130
+    except (OSError, ValueError, errors.Error, KeyboardInterrupt) as e:  # CommandError, missing files, bad
+        status, message = report(e, flags)  # checkpoints (CheckpointError), bad inputs, the library's kinds
+        _error(message)
+        return status
 
 
 def run() -> None:
@@ -345,10 +375,10 @@ def run() -> None:
     output is saved and every worker closed (`os._exit`): an interrupt can land while XLA compiles on
     its own threads, and finalising the interpreter under them crashed it (SIGSEGV)."""
     code = main()
-    if code == 130:
+    if code == INTERRUPTED:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(INTERRUPTED)
     sys.exit(code)
 
 

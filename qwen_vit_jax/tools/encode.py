@@ -26,7 +26,9 @@ from qwen_vit_jax.tools.args import (
     add_dtype,
     add_overwrite,
     cache_loads,
+    command_flags,
     compile_cache_dir,
+    in_flags,
     load_encoder,
 )
 
@@ -109,7 +111,6 @@ def _command(args, held: contextlib.ExitStack) -> int:
     from qwen_vit_jax.data import parquet
     from qwen_vit_jax.data.embeddings import check_suffix, index_path, read_names, run_metadata, shard_path, write_index
     from qwen_vit_jax.data.encode_files import encode_files
-    from qwen_vit_jax.data.inputs import EncodeError
     from qwen_vit_jax.data.pipeline import tune_allocator
     from qwen_vit_jax.data.sinks import open_sink
     from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
@@ -211,28 +212,23 @@ def _command(args, held: contextlib.ExitStack) -> int:
     loads = cache_loads()
     # With several processes an unreadable input is skipped, as with --keep-going: every process must
     # reach the end, where the shards are indexed together.
-    try:
-        r = encode_files(
-            enc,
-            todo,
-            target,
-            meta,
-            preprocessing=prep,
-            batch_patches=args.batch_patches or enc.max_batch_patches,
-            keep_going=args.keep_going or sharded,
-            resume=args.resume,
-            save_empty=sharded,
-            workers=workers,
-            fast_decode=args.fast_decode,
-            cache=_cache(args, enc.dtype),
-            sink=sink,
-            progress=_Shown(),
-            save_every=args.save_every,
-        )
-    except EncodeError as e:  # its words for what to do next, as this command's flags
-        raise EncodeError(_in_flags(str(e))) from None
-    except KeyboardInterrupt as e:
-        raise KeyboardInterrupt(_in_flags(str(e))) from None
+    r = encode_files(
+        enc,
+        todo,
+        target,
+        meta,
+        preprocessing=prep,
+        batch_patches=args.batch_patches or enc.max_batch_patches,
+        keep_going=args.keep_going or sharded,
+        resume=args.resume,
+        save_empty=sharded,
+        workers=workers,
+        fast_decode=args.fast_decode,
+        cache=_cache(args, enc.dtype),
+        sink=sink,
+        progress=_Shown(command_flags("encode", vars(args))),
+        save_every=args.save_every,
+    )
     print(
         f"encoded {count(len(r.names), 'input')} ({r.tokens:,} tokens x {enc.cfg.out_dim}) in {r.seconds:.1f} s "
         f"({len(r.names) / max(r.seconds, 1e-9):.3g} inputs/s on {len(enc.devices)} device(s), "
@@ -287,26 +283,12 @@ def choose_workers(asked: int | None, inputs: int, default: int) -> int:
     return 0 if inputs < SMALL_RUN else default
 
 
-# encode_files' words for what to do next -> this command's flags
-_FLAGS = (
-    ("resuming the same run continues", "the same command with --resume continues"),
-    ("resuming continues", "--resume continues"),
-    ("keep_going skips", "--keep-going skips"),
-    ("fps=2 is what", "--fps 2 is what"),
-)
-
-
-def _in_flags(text: str) -> str:
-    for words, flag in _FLAGS:
-        text = text.replace(words, flag)
-    return text
-
-
 class _Shown:
-    """encode_files' progress on stderr: a bar (data/stream.py) and its notes, in this command's flags."""
+    """encode_files' progress on stderr: a bar (data/stream.py) and its notes, in this command's flags
+    (`flags`: args.command_flags)."""
 
-    def __init__(self):
-        self.bar, self.closed = None, False
+    def __init__(self, flags: dict[str, str]):
+        self.bar, self.closed, self.flags = None, False, flags
 
     def __call__(self, update) -> None:
         from qwen_vit_jax.data.stream import Progress
@@ -314,7 +296,7 @@ class _Shown:
         if self.bar is None:
             self.bar = Progress(update.total, unit="inputs")
         if update.note is not None:
-            print(_in_flags(update.note), file=sys.stderr, flush=True)
+            print(in_flags(update.note, self.flags), file=sys.stderr, flush=True)
         elif update.finished and not self.closed:
             self.bar.close()
             self.closed = True
