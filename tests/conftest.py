@@ -40,26 +40,6 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`) each file runs whole on one worker, as its module
-# fixtures expect; what shares one session's state shares a worker too: the notebooks (executed once
-# per session), the two Ray users (one local Ray), and the real-size cases (several GB each: never two
-# at once).
-XDIST_GROUPS = {
-    "test_notebook.py": "notebooks",
-    "test_finetune_notebook.py": "notebooks",
-    "test_scale.py": "ray",
-    "test_serve_ray.py": "ray",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    if not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        group = "real_size" if item.get_closest_marker("slow") else XDIST_GROUPS.get(item.path.name, item.path.name)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def towers(tmp_path_factory):
     """The registry of tests/towers.py: each tower built at most once per session, on first use."""
