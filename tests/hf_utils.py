@@ -66,3 +66,33 @@ def hf_grads_through_converter(hf, tmp_path) -> dict[str, np.ndarray]:
     hf.config.to_json_file(tmp_path / "config.json")
     write_safetensors(tmp_path / "model.safetensors", tensors)
     return read_hf_vision_params(tmp_path)[1]
+
+
+def assert_encode_images_equal_hf(encoder, hf, make_processor, images, features=None) -> None:
+    """`encoder.encode_images(images)` against HF's image processor (`make_processor()`, built and run
+    with HF's warnings silenced) and then `features(hf, pixel_values, grid_thw)` (default: HF's
+    get_image_features): the tokens per image, then all of them at the float32 bar."""
+    import warnings
+
+    from qwen_vit_jax.tools.hf_reference import hf_image_features
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batch = make_processor()(images)
+    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
+    ours = encoder.encode_images(images)
+    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
+    assert_fp32_close(np.concatenate(ours), (features or hf_image_features)(hf, px.reshape(len(px), -1), grid))
+
+
+def assert_converted_equals_hf(hf, hf_dir, cfg, tmp_path) -> None:
+    """`hf_dir` through our converter, encoded on one 8 x 12 image: HF's get_image_features of the
+    model `hf` (loaded from hf_dir by HF) at the float32 bar."""
+    import qwen_vit_jax as qvj
+    from qwen_vit_jax.tools.hf_reference import hf_image_features
+
+    qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
+    grid = np.array([[1, 8, 12]])
+    px = random_pixels(cfg, grid, seed=2)
+    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, grid)
+    assert_fp32_close(tokens, hf_image_features(hf.eval(), px, grid))

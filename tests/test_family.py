@@ -17,7 +17,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import (
+    assert_bf16_close,
+    assert_converted_equals_hf,
+    assert_encode_images_equal_hf,
+    assert_fp32_close,
+    random_pixels,
+)
 from sample_images import make_image
 from towers import FAMILY, Q3, case_fixture, hub_preprocessor
 
@@ -111,20 +117,13 @@ def test_parity_bf16(case):
 def test_encode_images_with_hub_preprocessor(case, encoder):
     """encode_images reads the checkpoint's preprocessor_config.json and matches HF's processor
     (the same Qwen2-VL image processor for every family here), then get_image_features."""
-    import warnings
 
     from transformers import Qwen2VLImageProcessorPil
 
     _, cfg, hf, _ = case
     images = [make_image(200, 300, seed=1), make_image(300, 260, seed=2)]
     pre = {k: v for k, v in hub_preprocessor(cfg).items() if k != "image_processor_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = Qwen2VLImageProcessorPil(**pre)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px, grid))
+    assert_encode_images_equal_hf(encoder, hf, lambda: Qwen2VLImageProcessorPil(**pre), images)
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -220,8 +219,4 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
         kw = {}
     model, info = model_cls.from_pretrained(hf_dir, output_loading_info=True, **kw)
     assert not [k for k in info["missing_keys"] if "visual" in k] and not info["unexpected_keys"]
-    qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    grid = np.array([[1, 8, 12]])
-    px = random_pixels(cfg, grid, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, grid)
-    assert_fp32_close(tokens, hf_image_features(model.eval(), px, grid))
+    assert_converted_equals_hf(model, hf_dir, cfg, tmp_path)

@@ -16,7 +16,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import (
+    assert_bf16_close,
+    assert_converted_equals_hf,
+    assert_encode_images_equal_hf,
+    assert_fp32_close,
+    random_pixels,
+)
 from sample_images import make_image
 from towers import GLM_TINY, SPECS, assert_compiled_dots_are_ideal, case_fixture, check_real_size
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
@@ -163,13 +169,7 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
     images = [make_image(200, 300, seed=1), make_image(90, 40, seed=2)]
     assert encoder.preprocess == GLM4V_PREPROCESS  # read from the checkpoint's file
     pre = {k: v for k, v in HUB_PREPROCESSOR_GLM4V.items() if k != "image_processor_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = Glm4vImageProcessorPil(**pre)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px, grid))
+    assert_encode_images_equal_hf(encoder, hf, lambda: Glm4vImageProcessorPil(**pre), images)
 
 
 @pytest.mark.parametrize("variant", ["glm-4v", "glm-4.5v"])
@@ -182,11 +182,7 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
     assert VisionConfig.from_hf(hf_dir) == cfg
     model, info = _hf_classes(cfg.hf_family)[3].from_pretrained(hf_dir, output_loading_info=True)
     assert not [k for k in info["missing_keys"] if "visual" in k] and not info["unexpected_keys"]
-    qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    g = np.array([[1, 8, 12]])
-    px = random_pixels(cfg, g, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g)
-    assert_fp32_close(tokens, hf_image_features(model.eval(), px, g))
+    assert_converted_equals_hf(model, hf_dir, cfg, tmp_path)
 
 
 def test_ideal_flops_count_glms_merger(case, encoder):

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import assert_bf16_close, assert_encode_images_equal_hf, assert_fp32_close, random_pixels
 from PIL import Image
 from sample_images import make_image
 from towers import PADDLE_TINY, assert_compiled_dots_are_ideal, check_real_size
@@ -182,13 +182,7 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
     hf, _ = case
     images = [make_image(200, 300, seed=1), make_image(90, 40, seed=2)]
     assert encoder.preprocess == PADDLEOCR_PREPROCESS  # read from the checkpoint's file
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = hf_processor(HUB_PREPROCESSOR_PADDLEOCR)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px.reshape(len(px), -1), grid))
+    assert_encode_images_equal_hf(encoder, hf, lambda: hf_processor(HUB_PREPROCESSOR_PADDLEOCR), images)
 
 
 # ---- converter --------------------------------------------------------------------------------------------
