@@ -69,11 +69,21 @@ def tiny_encoder(tiny_dirs):
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray for the session (2 CPUs, no dashboard): Ray Data's stages (test_scale.py) and
-    Ray Serve (test_serve_ray.py) share it; it stops when the session ends."""
+    Ray Serve (test_serve_ray.py) share it; it stops after its last user (below)."""
     ray = pytest.importorskip("ray")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the session's Ray once no later test uses it: the tests after it run without its processes."""
+    if "ray_local" in item.fixturenames:
+        later = item.session.items[item.session.items.index(item) + 1 :]
+        if not any("ray_local" in i.fixturenames for i in later):
+            import ray
+
+            ray.shutdown()
 
 
 @pytest.fixture

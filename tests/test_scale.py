@@ -363,7 +363,7 @@ def test_sources_listing(tmp_path):
 
 
 # ---- Ray Data --------------------------------------------------------------------------------------------------
-def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference, tmp_path, request):
+def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference, tmp_path, ray_local):
     import qwen_vit_jax as qvj
 
     _, ckpt = tiny_dirs
@@ -382,8 +382,7 @@ def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference
         for row, ref in zip(t.to_pylist(), reference):
             close(np.asarray(row["embedding"], np.float32), ref)
 
-    ray = request.getfixturevalue("ray_local")  # started after this process's own encodes
-    ds = ray.data.read_parquet(str(tmp_path / "in.parquet"))
+    ds = ray_local.data.read_parquet(str(tmp_path / "in.parquet"))
     ds = ds.map_batches(qvj.ray.preprocess, fn_kwargs={"checkpoint": str(ckpt)}, batch_format="pyarrow", batch_size=4)
     ds = ds.map_batches(
         qvj.ray.Encoder,
