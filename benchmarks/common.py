@@ -1,9 +1,11 @@
-"""Shared benchmark helpers: worker subprocesses, timing, tables, JSON, FLOPs, matmul peak.
+"""What the suites share: worker processes, timing, tables, the machine and versions of a result,
+checkpoints, FLOPs, the matmul peak, other revisions of the package.
 
-Every bench_*.py is a parent that imports neither torch nor jax: each side runs in a worker
-subprocess (`python bench_x.py --worker KIND JSON`) that prints one `RESULT {json}` line.
-This module imports only the standard library and numpy at the top, so the EasyDeL venv
-(its own jax, no qwen_vit_jax) can run workers of bench_peer.py too.
+A suite is a parent that imports neither torch nor jax: each side runs in a worker process
+(`run_worker`: benchmarks/worker.py runs one of the suite's WORKERS) that hands back one dict, or,
+with the runner's --in-process (the quick runs of tests/test_benchmarks.py), in this process. This
+module imports only the standard library and numpy at the top, so the EasyDeL venv (its own jax, no
+qwen_vit_jax) can run the peer suite's workers too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,11 +23,26 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-CACHE = pathlib.Path(os.environ.get("QVJ_BENCH_CACHE", pathlib.Path.home() / ".cache" / "qwen_vit_jax_bench"))
 RESULT_TAG = "RESULT "
+# The runner's --in-process: workers run in this process when no other interpreter or PYTHONPATH is asked
+# for (quick runs that check a suite still works; its timings then share one process).
+IN_PROCESS = False
 
 
-# ---- worker processes ---------------------------------------------------------------------
+def cache() -> pathlib.Path:
+    """Where checkpoints, inputs and worktrees are built once and reused: $QVJ_BENCH_CACHE, else
+    ~/.cache/qwen_vit_jax_bench (delete it after a change of the converted format)."""
+    return pathlib.Path(os.environ.get("QVJ_BENCH_CACHE") or pathlib.Path.home() / ".cache" / "qwen_vit_jax_bench")
+
+
+def ref_python() -> str | None:
+    """The python of the video-reference venv (HF's torchvision backend; benchmarks/video_reference.sh
+    builds it): $VIDEO_REF_PYTHON, else the one in the cache where it exists, else None."""
+    found = cache() / "venv-video-ref" / "bin" / "python"
+    return os.environ.get("VIDEO_REF_PYTHON") or (str(found) if found.exists() else None)
+
+
+# ---- worker processes ---------------------------------------------------------------------------
 def torch_env(threads: int | None = None) -> dict[str, str]:
     """Environment for a torch process: OpenMP threads spin instead of sleeping (this VM
     stalls sleeping OpenMP workers for ~8 ms at times); `threads` pins the thread count."""
@@ -36,12 +52,22 @@ def torch_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
-def run_worker(script: str, kind: str, payload: dict, *, env: dict | None = None, python: str = sys.executable) -> dict:
-    """Run `python script --worker kind payload` and return the dict its worker printed.
-    The worker's stderr (progress, warnings) passes through."""
+def run_worker(module: str, kind: str, payload: dict, *, env: dict | None = None, python: str | None = None) -> dict:
+    """benchmarks.MODULE's WORKERS[kind](payload) in a fresh process (`python benchmarks/worker.py
+    MODULE KIND`, the payload on stdin), its stderr passed through, or in this one with IN_PROCESS when
+    the worker asks for no other interpreter and no other PYTHONPATH or XLA_FLAGS. `module` is the
+    suite's __name__ (or its last part)."""
+    module = module.rpartition(".")[2]
     t0 = time.perf_counter()
+    env_differs = any((env or os.environ).get(k) != os.environ.get(k) for k in ("PYTHONPATH", "XLA_FLAGS"))
+    if IN_PROCESS and python in (None, sys.executable) and not env_differs:
+        import importlib
+
+        handler = importlib.import_module(f"benchmarks.{module}").WORKERS[kind]
+        return json.loads(json.dumps(handler(json.loads(json.dumps(payload)))))  # as through a pipe
     proc = subprocess.run(
-        [python, script, "--worker", kind, json.dumps(payload)],
+        [python or sys.executable, str(ROOT / "benchmarks" / "worker.py"), module, kind],
+        input=json.dumps(payload),
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -51,27 +77,33 @@ def run_worker(script: str, kind: str, payload: dict, *, env: dict | None = None
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stdout[-4000:])
-        raise RuntimeError(f"worker {kind} of {script} failed (exit {proc.returncode})")
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
-    log(f"worker {kind}: done in {time.perf_counter() - t0:.1f} s")
-    return result
+        raise RuntimeError(f"worker {kind} of the {module} suite failed (exit {proc.returncode})")
+    log(f"worker {module}.{kind}: done in {time.perf_counter() - t0:.1f} s")
+    return json.loads(lines[-1][len(RESULT_TAG) :])
 
 
-def worker_main(handlers: dict) -> bool:
-    """In a worker process (argv: --worker KIND JSON) run handlers[KIND](payload), print its
-    result and return True; in the parent return False."""
-    if len(sys.argv) != 4 or sys.argv[1] != "--worker":
-        return False
-    result = handlers[sys.argv[2]](json.loads(sys.argv[3]))
-    print(RESULT_TAG + json.dumps(result), flush=True)
-    return True
+def alternate(rounds: int, sides: dict, run) -> dict[str, list]:
+    """`run(side, spec)` for every side of `sides` (name -> spec) in each of `rounds` rounds, the
+    order reversed every other round (a shared VM's speed drifts over minutes: alternating spreads the
+    drift over both sides) -> name -> the results of its rounds."""
+    out: dict[str, list] = {name: [] for name in sides}
+    for rnd in range(rounds):
+        for name in list(sides) if rnd % 2 == 0 else list(sides)[::-1]:
+            out[name].append(run(name, sides[name]))
+    return out
+
+
+def one_core() -> None:
+    """Pin this worker to one core (not in-process: the caller's process keeps its cores)."""
+    if hasattr(os, "sched_setaffinity") and not IN_PROCESS:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]})
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# ---- timing -------------------------------------------------------------------------------
+# ---- timing -------------------------------------------------------------------------------------
 def time_calls(fn, repeats: int, *args, setup=None) -> list[float]:
     """Seconds of `repeats` calls of fn(*args), each timed alone; setup() runs untimed before each."""
     times = []
@@ -86,6 +118,16 @@ def time_calls(fn, repeats: int, *args, setup=None) -> list[float]:
 
 def summary(times: list[float]) -> dict:
     return {"median": statistics.median(times), "min": min(times), "n": len(times), "times": times}
+
+
+def pooled(runs: list[dict], *path: str) -> dict:
+    """summary() of the per-call times found at runs[i][path...]["times"], pooled over the runs (rounds)."""
+    times = []
+    for r in runs:
+        for key in path:
+            r = r[key]
+        times += r["times"]
+    return summary(times)
 
 
 def count_compiles() -> dict:
@@ -117,12 +159,14 @@ def count_compiles() -> dict:
     return stats
 
 
-# ---- reporting ----------------------------------------------------------------------------
-def fmt_seconds(s: float) -> str:
+# ---- tables -------------------------------------------------------------------------------------
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
     if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
+        return f"{s * 1e6:.3g} µs"
     if s < 1:
-        return f"{s * 1e3:.2f} ms"
+        return f"{s * 1e3:.3g} ms"
     return f"{s:.2f} s"
 
 
@@ -132,30 +176,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> dict:
-    cpu, flags = platform.processor(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    return {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cpu_flags": sorted(flags & DOT_FLAGS),
-        "cpu_flags_all": sorted(flags),
-        "lscpu_model": lscpu().get("Model name", "?"),
-        "python": platform.python_version(),
-    }
-
-
+# ---- what a result records: the machine, the versions, the revision -----------------------------
 DOT_FLAGS = {
     "avx2",
     "fma",
@@ -168,6 +189,25 @@ DOT_FLAGS = {
     "amx_tile",
     "amx_int8",
 }  # what decides which dot kernels XLA and oneDNN can use
+DISTRIBUTIONS = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "numba",
+    "numpy",
+    "torch",
+    "transformers",
+    "pillow",
+    "simplejpeg",
+    "av",
+    "grain",
+    "ray",
+    "pyarrow",
+    "uvicorn",
+    "httpx",
+    "libtpu",
+    "jax-cuda13-plugin",
+)
 
 
 def lscpu() -> dict[str, str]:
@@ -179,37 +219,64 @@ def lscpu() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in text.splitlines()) if v}
 
 
+def machine() -> dict:
+    """This machine as a result records it: lscpu's model, family and model numbers, cores, the
+    dot-relevant flags, the hypervisor, the load average when the run ended."""
+    info = lscpu()
+    return {
+        "lscpu_model": info.get("Model name", "?"),
+        "family": info.get("CPU family"),
+        "model": info.get("Model"),
+        "cores": os.cpu_count(),
+        "flags": sorted(set(info.get("Flags", "").split()) & DOT_FLAGS),
+        "hypervisor": info.get("Hypervisor vendor"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def describe_machine(m: dict) -> str:
+    """One line for a table's caption: a transcribed result's own words, else the lscpu fields."""
+    if m.get("description"):
+        return m["description"]
+    parts = [f'`lscpu` "{m["lscpu_model"]}"']
+    if m.get("family"):
+        parts[0] += f", family {m['family']} model {m['model']}"
+    parts.append(f"{m['cores']} cores" + (f", {m['hypervisor']}" if m.get("hypervisor") else ""))
+    parts.append(" ".join(m.get("flags") or []) or "no AVX-512")
+    if m.get("load_average"):
+        parts.append("load average " + " / ".join(f"{x:.1f}" for x in m["load_average"]))
+    return "; ".join(parts)
+
+
 def machine_line() -> str:
-    """One line for a table's caption: lscpu model, cores, the dot-relevant flags, uptime load."""
-    info = machine_info()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"CPU: {info['lscpu_model']} ({info['cpu']}), {info['cores']} cores, flags "
-        f"{' '.join(info['cpu_flags']) or '-'}; load average {load}"
-    )
+    return "CPU: " + describe_machine(machine())
 
 
-def default_out(name: str, quick: bool, ext: str = "json") -> pathlib.Path:
-    """benchmarks/results/NAME.EXT, or NAME-quick.EXT: quick runs never overwrite real ones."""
-    return RESULTS / f"{name}{'-quick' if quick else ''}.{ext}"
+def installed_versions() -> dict[str, str]:
+    """The versions of the packages a figure depends on that are installed (metadata only: no import)."""
+    from importlib import metadata
 
-
-def write_json(path: str | os.PathLike, data: dict) -> pathlib.Path:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine_info(), **data}, indent=1) + "\n")
-    log(f"wrote {path}")
-    return path
+    out = {"python": sys.version.split()[0]}
+    for dist in DISTRIBUTIONS:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def versions(*modules: str) -> dict:
-    """Installed versions of the given modules (imports them)."""
+    """Versions of the given modules as imported in a worker (another venv's, say)."""
     import importlib
 
     return {m: getattr(importlib.import_module(m), "__version__", "?") for m in modules}
 
 
-# ---- models and checkpoints ----------------------------------------------------------------
+def now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+# ---- models and checkpoints ---------------------------------------------------------------------
 def model_config(variant: str, quick: bool = False):
     """The preset's VisionConfig, or (quick) a 2-block version of it: one window and one full
     layer for Qwen2.5-VL; 16 heads for Qwen2-VL (EasyDeL 0.3.0 ignores num_heads, assumes 16);
@@ -222,35 +289,23 @@ def model_config(variant: str, quick: bool = False):
     cfg = PRESETS[variant]
     if not quick:
         return cfg
+    small = {"depth": 2, "width": 128, "num_heads": 4, "intermediate_size": 256, "out_dim": 64}
     if cfg.variant in QWEN3_FAMILY:
-        return dataclasses.replace(
-            cfg,
-            depth=2,
-            width=128,
-            num_heads=4,
-            intermediate_size=256,
-            out_dim=64,
-            deepstack_layers=(0,) if cfg.deepstack_layers else (),
-        )
+        return dataclasses.replace(cfg, **small, deepstack_layers=(0,) if cfg.deepstack_layers else ())
     if cfg.variant == QWEN2_5_VL:
-        return dataclasses.replace(
-            cfg, depth=2, width=128, num_heads=4, intermediate_size=256, out_dim=64, fullatt_block_indexes=(1,)
-        )
-    return dataclasses.replace(cfg, depth=2, width=128, num_heads=16, intermediate_size=512, out_dim=64)
+        return dataclasses.replace(cfg, **small, fullatt_block_indexes=(1,))
+    return dataclasses.replace(cfg, **{**small, "num_heads": 16, "intermediate_size": 512})
 
 
-def checkpoint(script: str, variant: str, quick: bool, seed: int = 0) -> dict[str, str]:
-    """HF checkpoint (random weights, qwen_vit_jax.hf_reference.build_hf_model, save_pretrained) and our
-    conversion of it, built once by a `build` worker of `script` and reused across runs:
-    {"hf": dir, "ours": dir}. Delete CACHE (or set QVJ_BENCH_CACHE) to rebuild."""
-    root = CACHE / f"{variant}{'-quick' if quick else ''}-seed{seed}"
-    dirs = {"hf": str(root / "hf"), "ours": str(root / "ours")}
+def checkpoint(variant: str, quick: bool, seed: int = 0) -> dict[str, str]:
+    """HF checkpoint (random weights, qwen_vit_jax.tools.hf_reference.build_hf_model, save_pretrained)
+    and our conversion of it, built once by a worker and reused across runs: {"hf": dir, "ours": dir}."""
+    root = cache() / f"{variant}{'-quick' if quick else ''}-seed{seed}"
     if not root.is_dir():
         log(f"building {root} (HF model, save_pretrained, convert)")
-        run_worker(
-            script, "build", {"variant": variant, "quick": quick, "seed": seed, "root": str(root)}, env=torch_env()
-        )
-    return dirs
+        payload = {"variant": variant, "quick": quick, "seed": seed, "root": str(root)}
+        run_worker("common", "build", payload, env=torch_env())
+    return {"hf": str(root / "hf"), "ours": str(root / "ours")}
 
 
 def build_checkpoint(p: dict) -> dict:
@@ -269,13 +324,50 @@ def build_checkpoint(p: dict) -> dict:
     return {"root": str(root)}
 
 
+def demo_checkpoint(p: dict) -> dict:
+    """Worker: the demo's random checkpoint of p["model"] ("tiny" or "3b"), built once under the cache."""
+    from qwen_vit_jax.tools.demo import prepare_checkpoint
+
+    return {"path": str(prepare_checkpoint(p["model"], cache(), log=log))}
+
+
+def host_bound_checkpoint() -> str:
+    """A Qwen2.5-VL tower small enough that the host is the bottleneck on a CPU "device": one block,
+    width 32, window attention only (the demo's tiny tower has full-attention blocks: on 4,888 rows
+    they cost this CPU ~250 ms per 1080p image, far more than its preprocessing). Random weights,
+    written in HF's layout and converted (no torch)."""
+    import dataclasses
+    import shutil
+
+    import qwen_vit_jax as qvj
+    from qwen_vit_jax.tools.demo import TINY, write_random_hf_checkpoint
+
+    root = cache() / "host-bound-tower-1m"
+    if not (root / "ours").is_dir():
+        cfg = dataclasses.replace(
+            TINY, depth=1, width=32, num_heads=2, intermediate_size=64, out_dim=32, fullatt_block_indexes=()
+        )
+        shutil.rmtree(root, ignore_errors=True)
+        write_random_hf_checkpoint(cfg, root / "hf")
+        pre = root / "hf" / "preprocessor_config.json"  # HF's class default sizing, as the stage table
+        pre.write_text(json.dumps(json.loads(pre.read_text()) | {"max_pixels": 1003520}))
+        qvj.convert_checkpoint(root / "hf", root / "ours")
+    return str(root / "ours")
+
+
 def random_pixels(grid_thw, patch_dim: int, seed: int = 0) -> np.ndarray:
     """float32 [sum(t*h*w), patch_dim] standard normal rows (as tests/hf_utils.random_pixels)."""
     n = int(np.prod(np.asarray(grid_thw), axis=1).sum())
     return np.random.default_rng(seed).standard_normal((n, patch_dim), dtype=np.float32)
 
 
-# ---- FLOPs --------------------------------------------------------------------------------
+def rel_diff(a, b) -> float:
+    """|a - b| / |b| (Frobenius)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# ---- FLOPs and dot peaks (run inside a JAX or torch worker) ---------------------------------------
 def forward_flops(cfg, grid_thw) -> float:
     """Analytic FLOPs of one forward on the real rows (2 FLOPs per multiply-add): the package's
     `cost.ideal_flops` over the request's real frames and windows (see its docstring for the
@@ -286,7 +378,6 @@ def forward_flops(cfg, grid_thw) -> float:
     return ideal_flops(cfg, *segment_lengths(grid_thw, cfg))
 
 
-# ---- dot peaks (run inside a JAX or torch worker) --------------------------------------------
 PEAK_SHAPES = ((1536, 1280, 5120),)  # [M, K] x [K, N]: the 3B tower's MLP up dot on the 1536-row bucket
 PEAK_MODES = ("float32", "bf16_f32acc", "bf16_bf16")  # operands / result: f32/f32, bf16/f32, bf16/bf16
 
@@ -343,7 +434,7 @@ def torch_matmul_peak(shapes=PEAK_SHAPES, repeats: int = 5) -> dict:
     return out
 
 
-# ---- other revisions of the package ----------------------------------------------------------
+# ---- other revisions of the package ---------------------------------------------------------------
 def git(*args: str) -> str:
     """`git ARGS` in this repository: its stdout, stripped (CalledProcessError on failure)."""
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -363,14 +454,14 @@ def tree_info() -> dict:
 
 
 def worktree(rev: str) -> pathlib.Path:
-    """A detached git worktree of `rev` under CACHE, made once and reused (`git worktree add
-    --detach -f`, as bench_host.py's): put it first on PYTHONPATH (`rev_env`) and a worker's
-    `import qwen_vit_jax` is that revision's package, with its own __pycache__ (numba's too).
-    Named by the full hash, so a moving name (HEAD~1, a branch) never finds a stale tree."""
+    """A detached git worktree of `rev` in the cache, made once and reused (`git worktree add
+    --detach -f`): put it first on PYTHONPATH (`rev_env`) and a worker's `import qwen_vit_jax` is
+    that revision's package, with its own __pycache__ (numba's too). Named by the full hash, so a
+    moving name (HEAD~1, a branch) never finds a stale tree."""
     full = rev_info(rev)["hash"]
-    path = CACHE / f"worktree-{full[:12]}"
+    path = cache() / f"worktree-{full[:12]}"
     if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         log(f"git worktree {path} at {full}")
         git("worktree", "add", "--detach", "-f", str(path), full)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=False)
@@ -385,3 +476,6 @@ def rev_env(tree: str | os.PathLike, env: dict | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     return env
+
+
+WORKERS = {"build": build_checkpoint, "demo": demo_checkpoint, "peak": matmul_peak}  # every suite's

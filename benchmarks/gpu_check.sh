@@ -8,7 +8,7 @@
 #   1. the parity tests with JAX on the GPU (HF reference on CPU, as the tests build it), the
 #      Pallas Triton attention kernel included (tests/test_kernels.py: compiled, not interpreted),
 #      every family's tiny towers (their parity tests), the real-size Qwen2.5-VL-3B / Qwen2-VL-2B;
-#   2. bench_device: Qwen2.5-VL-3B, HF sdpa (and flash-attention-2 if it imports) vs ours with the
+#   2. the device suite (python -m benchmarks device): Qwen2.5-VL-3B, HF sdpa (and flash-attention-2 if it imports) vs ours with the
 #      XLA schedule and with the Triton kernel, bf16 and fp32, on a 36x36 image, a [10, 36, 36]
 #      video and the largest bucket ([16, 32, 32]): compile s, first call, median, peak memory.
 # Logs and JSON go to $OUT if set, else benchmarks/results/gpu (six files; gpu_check.json sums up).
@@ -120,11 +120,11 @@ parity() { # parity SECONDS PYTEST-ARGS...: one pytest run, appended to pytest.t
 } 2>&1 | tee "$OUT/pytest.txt"
 step pytest "${PIPESTATUS[0]}"
 
-echo "== bench_device: HF vs ours (XLA, Triton kernel) (up to $((deadline - $(date +%s))) s) =="
+echo "== the device suite: HF vs ours (XLA, Triton kernel) (up to $((deadline - $(date +%s))) s) =="
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout $((deadline - $(date +%s))) "$PY" benchmarks/bench_device.py --repeats 5 \
+timeout $((deadline - $(date +%s))) "$PY" -m benchmarks device --repeats 5 --sides hf-sdpa,hf-fa2,ours-xla,ours-kernel \
   --out "$OUT/device_gpu.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/device_gpu.txt"
-step bench_device "${PIPESTATUS[0]}"
+step device "${PIPESTATUS[0]}"
 
 summary=$(IFS=,; echo "${steps[*]}")
 echo "{\"status\": $status, \"seconds\": $(($(date +%s) - start)), \"bench_args\": \"${BENCH_ARGS:-}\", \"steps\": {$summary}}" \

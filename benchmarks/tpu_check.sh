@@ -3,7 +3,7 @@
 # jax[tpu], torch (CPU) and transformers preinstalled and no network:
 #   1. the parity tests with JAX on the TPU (HF reference on CPU, as the tests build it),
 #      splash attention included (tests/test_kernels.py: compiled, not interpreted);
-#   2. bench_device: Qwen2.5-VL-3B, ours with the XLA schedule and with splash attention, bf16 and
+#   2. the device suite (python -m benchmarks device): Qwen2.5-VL-3B, ours with the XLA schedule and with splash attention, bf16 and
 #      fp32, on a 36x36 image, a [10, 36, 36] video and the largest bucket ([16, 32, 32]): compile s,
 #      first call, median, peak memory (no HF side: torch does not run on a TPU).
 # Results (logs, JSON) go to $OUT if set, else benchmarks/results/tpu.
@@ -31,9 +31,9 @@ JAX_PLATFORMS= timeout 180 "$PY" -m pytest tests/test_parity.py tests/test_atten
   -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-echo "== bench_device: ours (XLA, splash kernel); no HF side: torch does not run on a TPU (up to $((deadline - $(date +%s))) s) =="
+echo "== the device suite: ours (XLA, splash kernel); no HF side: torch does not run on a TPU (up to $((deadline - $(date +%s))) s) =="
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-timeout $((deadline - $(date +%s))) "$PY" benchmarks/bench_device.py --repeats 5 --sides ours-xla,ours-kernel \
+timeout $((deadline - $(date +%s))) "$PY" -m benchmarks device --repeats 5 --sides ours-xla,ours-kernel \
   --out "$OUT/device_tpu.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/device_tpu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

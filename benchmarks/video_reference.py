@@ -1,6 +1,6 @@
 """HF 5.24's video processors on the test clips, in the reference venv (benchmarks/video_reference.sh).
 
-For every clip of tests/video_samples.py and every case below, HF's `Qwen2VLVideoProcessor` /
+For every clip of benchmarks/workloads/clips.py and every case below, HF's `Qwen2VLVideoProcessor` /
 `Qwen3VLVideoProcessor` (torchvision backend) runs on the clip's frames, decoded with PyAV exactly as
 HF's PyAV reader decodes them (`frame.to_ndarray(format="rgb24")`), with the container's metadata as
 `video_metadata` (total_num_frames, fps) and `do_sample_frames=True`. Recorded per case: HF's sampled
@@ -35,11 +35,9 @@ import transformers
 from transformers import Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import video_samples  # noqa: E402
-
-from qwen_vit_jax.preprocess.config import PreprocessConfig  # noqa: E402
-from qwen_vit_jax.preprocess.video import preprocess_video  # noqa: E402
+from benchmarks.workloads import clips as video_samples  # the repository root on PYTHONPATH (video_reference.sh)
+from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.video import preprocess_video
 
 # The hub's files. Qwen2-VL / Qwen2.5-VL ship only preprocessor_config.json (HF's video processor
 # falls back to it); Qwen3-VL ships video_preprocessor_config.json.
@@ -55,13 +53,12 @@ HUB_QWEN2_VL = {
     "processor_class": "Qwen2VLProcessor",
 }
 HUB_QWEN2_5_VL = dict(HUB_QWEN2_VL, processor_class="Qwen2_5_VLProcessor")
-HUB_QWEN3_VL_VIDEO = {
+HUB_QWEN3_VL_VIDEO = {  # the same temporal patch and merge, 16-pixel patches, its own sizes and normalisation
+    **{k: HUB_QWEN2_VL[k] for k in ("temporal_patch_size", "merge_size")},
     "size": {"longest_edge": 25165824, "shortest_edge": 4096},
     "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
+    "image_mean": [0.5] * 3,
+    "image_std": [0.5] * 3,
     "processor_class": "Qwen3VLProcessor",
     "video_processor_type": "Qwen3VLVideoProcessor",
 }
@@ -165,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "data", "video_reference.json"))
     args = ap.parse_args(argv)
     doc = {
-        "what": "HF transformers video processors on tests/video_samples.py clips (benchmarks/video_reference.py)",
+        "what": "HF transformers video processors on the clips of benchmarks/workloads/clips.py (video_reference.py)",
         "versions": {
             "transformers": transformers.__version__,
             "torch": torch.__version__,

@@ -25,8 +25,8 @@ import time
 import numpy as np
 import pytest
 from sample_images import make_image
-from sessions import session_pids
 
+from benchmarks.workloads.sessions import session_pids
 from qwen_vit_jax import files
 from qwen_vit_jax.data import parquet
 from qwen_vit_jax.data.embeddings import read_embeddings

@@ -156,9 +156,8 @@ def test_safetensors_answer_is_an_embeddings_file(tiny_dirs, tiny_encoder, image
 
 def test_a_video_item_equals_encode_video(tiny_dirs, tiny_encoder, tmp_path):
     """A video's bytes with fps: encode_video's tokens and preprocess_video's timestamps."""
-    from video_samples import write_clip
-
     import qwen_vit_jax as qvj
+    from benchmarks.workloads.clips import write_clip
 
     path = write_clip(tmp_path / "clip.mov", "png_odd_97x61_7fps_3s")
     want = tiny_encoder.encode_video(path, fps=2)

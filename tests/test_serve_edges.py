@@ -9,7 +9,7 @@ line's one mapping of failures to exit statuses and flags.
 
 One shared server (the tiny tower, --header-timeout 1, --max-connections 8, a --cache dir) serves
 most tests; the few that need other settings start their own (cheap: the encoder is shared, the
-preparation runs on a thread). Sockets are bounded in count and time (tests/serve_attacks.py).
+preparation runs on a thread). Sockets are bounded in count and time (benchmarks/workloads/attacks.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-import serve_attacks as sa
-import serve_traffic as st
+
+from benchmarks.workloads import attacks as sa
+from benchmarks.workloads import traffic as st
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'qwen_vit_jax[serve]')")
 
@@ -194,7 +195,7 @@ def test_the_cache_layout_does_not_grow_a_folder_per_fps(server, tmp_path):
     """One clip at two frame rates: two entries, in the cache's 2-hex-digit folders (no folder per
     settings fingerprint, so none per fps value)."""
     pytest.importorskip("av")
-    from video_samples import write_clip
+    from benchmarks.workloads.clips import write_clip
 
     url, _, cache = server
     clip = pathlib.Path(write_clip(tmp_path / "clip.mov", "png_odd_97x61_7fps_3s")).read_bytes()

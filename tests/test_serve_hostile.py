@@ -8,7 +8,7 @@ One CLI server (a subprocess: what a user runs) serves most tests, with a short 
 small --max-connections, a key, a patch budget of 1024 and PyAV made unimportable; a uvicorn thread
 in this process (the same protocol and config, `qvj.serve.uvicorn_config`) serves the tests that
 need the server's insides (a worker killed mid-item) or no key (the docs' example).
-(tests/serve_attacks.py holds the hostile sockets; benchmarks/bench_serve_hostile.py measures them.)
+(benchmarks/workloads/attacks.py holds the hostile sockets; `python -m benchmarks hostile` measures them.)
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import time
 import httpx
 import numpy as np
 import pytest
-import serve_attacks as sa
-import serve_traffic as st
+
+from benchmarks.workloads import attacks as sa
+from benchmarks.workloads import traffic as st
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'qwen_vit_jax[serve]')")
 
@@ -193,7 +194,7 @@ def test_the_serve_extra_carries_pyav():
 
 
 def test_a_server_without_pyav_answers_a_video_with_a_5xx_naming_the_extra(server, tmp_path):
-    from video_samples import write_clip
+    from benchmarks.workloads.clips import write_clip
 
     with open(write_clip(tmp_path / "clip.mp4", "png_odd_97x61_7fps_3s"), "rb") as f:
         clip = f.read()

@@ -86,7 +86,7 @@ def test_the_same_bytes_as_an_image_and_as_a_video(tiny_dirs, tiny_encoder, tmp_
 def test_one_video_at_two_frame_rates(tiny_dirs, tiny_encoder, tmp_path):
     """fps 1, then fps 2, of the same bytes: two samplings, two entries; each again (and from disk on
     a new server) its own, equal to encode_video at that rate."""
-    from video_samples import write_clip
+    from benchmarks.workloads.clips import write_clip
 
     path = write_clip(tmp_path / "clip.mov", "png_odd_97x61_7fps_3s")
     raw = open(path, "rb").read()

@@ -1,6 +1,6 @@
 """`qwen-vit-jax serve` under overload, bad input and a killed worker, at small scale: one real server
 (a subprocess, uvicorn on 127.0.0.1) on the tiny tower, driven by asyncio + httpx clients
-(tests/serve_traffic.py; benchmarks/bench_serve.py runs the same at scale and measures).
+(benchmarks/workloads/traffic.py; `python -m benchmarks serve` runs the same at scale and measures).
 
 The server gets one image size, declared, and a patch budget of one image: every device call runs
 the one compiled program, so the file costs start-up plus traffic, not compiles."""
@@ -11,9 +11,9 @@ import asyncio
 import time
 
 import pytest
-import serve_traffic as st
 
 import qwen_vit_jax as qvj
+from benchmarks.workloads import traffic as st
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'qwen_vit_jax[serve]')")
 

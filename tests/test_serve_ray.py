@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import serve_traffic as st
 
 import qwen_vit_jax as qvj
+from benchmarks.workloads import traffic as st
 from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.serve.ray_app import deployment_options, parse_args
 

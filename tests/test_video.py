@@ -2,8 +2,8 @@
 
 HF's Qwen2VLVideoProcessor / Qwen3VLVideoProcessor need torchvision, which does not load beside the
 CPU torch of the test extra; benchmarks/video_reference.sh runs them in a venv of their own on the
-clips of video_samples.py and freezes what the containers' metadata decides (sampled indices, grids,
-timestamps) in tests/data/video_reference.json. Here the same clips are written again with PyAV and
+clips of benchmarks/workloads/clips.py and freezes what the containers' metadata decides (sampled
+indices, grids, timestamps) in tests/data/video_reference.json. Here the same clips are written again with PyAV and
 ours must give exactly those; each sampled frame's pixels must equal HF's torchvision-free image
 processor's (PIL) bit for bit. (HF's torchvision resize differs from its own PIL one by up to the
 `hf_video_vs_hf_pil` values recorded in the JSON: the bar where HF's backends disagree.)
@@ -19,8 +19,8 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-import video_samples
 
+from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.preprocess.config import QWEN3_VL_VIDEO, VIDEO_DEFAULT, PreprocessConfig
 from qwen_vit_jax.preprocess.images import smart_resize_3d
 from qwen_vit_jax.preprocess.video import VideoError, frame_size, preprocess_video, probe, sample_indices

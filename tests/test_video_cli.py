@@ -10,10 +10,10 @@ import shutil
 
 import numpy as np
 import pytest
-import video_samples
 from cli_runs import assert_clean_error, main, run
 from sample_images import make_image
 
+from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.preprocess.video import preprocess_video
 

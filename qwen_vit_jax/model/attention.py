@@ -72,7 +72,7 @@ def window_attention(
     With `num.tile_loops` (CPU) the heads run one after another, each as dots batched over the
     slots ([W, S, Dh] x [W, Dh, S]) whose rows are gathered straight from [N, H, Dh] (no head-major
     copies of q, k, v): XLA's CPU backend runs those faster than one dot batched over slots and
-    heads (benchmarks/bench_profile.py `attn`); otherwise (GPU / TPU) all heads at once. The same
+    heads (bench_profile.py `attn`, retired: benchmarks/history.md); otherwise (GPU / TPU) all heads at once. The same
     arithmetic either way.
 
     Args:

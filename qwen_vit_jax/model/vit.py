@@ -481,7 +481,7 @@ def as_bits(state: nnx.State) -> nnx.State:
     """`state` with the stacked bfloat16 block weights held as their uint16 bits (`from_bits` turns
     each layer's slice back, exactly). For inference: XLA's CPU backend otherwise converts every
     stacked bf16 array to a float32 copy at the start of each forward (627M values for the 3B
-    tower: benchmarks/bench_profile.py `stack`, `u16`, runs in benchmarks/history.md); bits
+    tower: bench_profile.py `stack`, `u16` (retired), runs in benchmarks/history.md); bits
     are only sliced. Not differentiable: train on the bf16 state itself."""
 
     def bits(path, a):

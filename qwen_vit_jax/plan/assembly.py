@@ -43,7 +43,7 @@ class BufferPool:
     """Recycled memory for the buffers of large plans.
 
     A fresh multi-100-KB buffer is fresh pages: the first write to each costs a page fault, most of an
-    uncached plan's time for a jittered 130k-patch request on a small VM (benchmarks/bench_plan.py;
+    uncached plan's time for a jittered 130k-patch request on a small VM (`python -m benchmarks plan`;
     benchmarks/history.md, "Host index work"). The pool keeps up to `max_bytes` of power-of-two blocks and
     hands a block out again once nothing references the array made from it, so a long-running
     process builds new plans (cache misses and evictions) into pages it has touched before.

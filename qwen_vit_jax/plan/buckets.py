@@ -46,7 +46,7 @@ class BucketPolicy:
     rung of ratio r wastes ~(r - 1) / 2 of the work of the inputs it serves, and work grows with
     size (rows times FLOPs per row, and attention adds per-row FLOPs as frames grow), while a
     program costs one compile at any size: on random image sizes this ladder compiles about as many
-    programs as a uniform 2-per-octave one and wastes far fewer FLOPs (benchmarks/bench_compile.py;
+    programs as a uniform 2-per-octave one and wastes far fewer FLOPs (`python -m benchmarks compile`;
     benchmarks/RESULTS.md, "Compile and padding cost"). `dense_from=0` gives the uniform ladder. The
     default `min_patches` is 64, not smaller, for exactness: XLA's CPU dot takes another kernel
     (another summation order) below ~60 rows, so a tiny image in a tiny bucket would differ (~1e-6)
@@ -58,7 +58,7 @@ class BucketPolicy:
 
     `frame_block` is the block of a chunk that is a single frame (an image): its blocks never
     straddle frames, and XLA's CPU dots run full attention's tiles faster with 512 query
-    rows than with 128 (benchmarks/bench_profile.py --parts attn; benchmarks/history.md, "AMD Zen 5,
+    rows than with 128 (bench_profile.py --parts attn, retired; benchmarks/history.md, "AMD Zen 5,
     2026-12-01 (third session)": 42.8 against 62.1 ms a layer); multi-frame chunks keep `block`,
     so the blocks that straddle two frames cost little.
 

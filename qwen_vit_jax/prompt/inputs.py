@@ -66,7 +66,7 @@ def lm_inputs(
     cfg = source if type(source) is PromptConfig else prompt_config(source)
     if (
         type(image_grid_thw) is np.ndarray  # the common request, its arrays already the kernel's: the short
-        and mm_token_type_ids is None  # way in (bench_positions.py, the one-image prompt: 2 of 18 µs)
+        and mm_token_type_ids is None  # way in (the positions suite, the one-image prompt: 2 of 18 µs)
         and video_grid_thw is None
         and second_per_grid_ts is None
         and audio_seqlens is None

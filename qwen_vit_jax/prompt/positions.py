@@ -159,7 +159,7 @@ def run(
     splice's columns)); what was not asked for is an empty stand-in (None for the visual positions
     and deepstack rows of a family without deepstack).
 
-    Written for a request's fixed cost (benchmarks/bench_positions.py, the one-image prompt: about
+    Written for a request's fixed cost (`python -m benchmarks positions`, the one-image prompt: about
     20 µs in all): the usual arrays pass their checks in one condition each, and what only some
     requests bring (token types, videos, audio, the Omni thinkers' rules) is read in one helper.
     """
@@ -213,7 +213,7 @@ def run_images(cfg: PromptConfig, ids, images, mask):
     """`run` of a prompt with images only (positions and the splice of the image rows, no deepstack)
     whose ids, mask and grid are already the kernel's C-ordered int64, as the processors return
     them: the same checks and kernel call without the conversions, for `lm_inputs`' common request
-    (benchmarks/bench_positions.py, the one-image prompt: 2 of its 18 µs). Returns (pos, deltas,
+    (`python -m benchmarks positions`, the one-image prompt: 2 of its 18 µs). Returns (pos, deltas,
     rows, image tokens), or None when an array needs converting (then `run` it)."""
     if (
         ids.dtype is not _I64

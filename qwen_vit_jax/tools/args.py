@@ -186,7 +186,9 @@ Exit status: 0 if every case passes, 1 if one fails, 2 without torch / transform
 BENCH_HELP = """\
 Time the forward of a checkpoint (converted dir, HF dir or cached hub id) on random inputs.
 Per size: the compile time of its bucket's program, and the median wall time of --repeats
-calls (host planning, transfer, compute and fetch; no image preprocessing).
+calls (host planning, transfer, compute and fetch; no image preprocessing). The same `encode`
+call is what the repository's forward suite times beside HF on random real-size towers
+(`python -m benchmarks forward`, in a checkout: benchmarks/README.md).
 """
 
 DEMO_HELP = """\
