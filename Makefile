@@ -62,15 +62,17 @@ lint: $(TESTING)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# vLLM's CPU build in a venv of its own (.venv-vllm: vLLM pins transformers and numba apart from ours),
-# for tests/test_vllm.py. tests/vllm_env.py builds it, or reuses it while its pins stay the same (a
-# stamp named by their hash); where the registry lacks a package it says so and the tests skip.
+# vLLM's CPU build in a venv of its own (vLLM pins transformers and numba apart from ours; in the user's
+# cache folder, shared by clones), for tests/test_vllm.py. tests/vllm_env.py builds it, or reuses it while
+# its pins stay the same (a stamp named by their hash); where the registry lacks a package it says so and
+# the tests skip.
 vllm-venv:
 	$(PYTHON) tests/vllm_env.py
 
 # JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
-# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure.
+# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure. The 15
+# slowest tests are listed at the end: the budget (docs/testing.md) is watched there.
 test: lint vllm-venv
 	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
-	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc

@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image, UnidentifiedImageError
+from sample_images import make_image
 
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.data.inputs import load_image
