@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (Linux or macOS, Python >= 3.10):
 #   make demo   a venv with the runtime only, then `qwen-vit-jax demo`
-#   make test   the test pieces on top (torch's CPU wheel first), ruff, then the whole suite
+#   make test   the test pieces on top (torch's CPU wheel first), ruff, the vLLM venv, then the whole suite
 # Both are idempotent: an install step runs again only when pyproject.toml changes (its stamp file
 # is named by the file's hash), so a second run installs nothing.
 #   make test VENV=/tmp/v PYTEST_ARGS='-m "not slow"'   another venv, the fast subset
@@ -18,7 +18,7 @@ HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproje
 RUNTIME := $(VENV)/.stamp-runtime-$(HASH)
 TESTING := $(VENV)/.stamp-test-$(HASH)
 
-.PHONY: demo test lint install install-test
+.PHONY: demo test lint install install-test vllm-venv
 
 demo: $(RUNTIME)
 	$(VENV)/bin/qwen-vit-jax demo
@@ -62,9 +62,17 @@ lint: $(TESTING)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# vLLM's CPU build in a venv of its own (vLLM pins transformers and numba apart from ours; in the user's
+# cache folder, shared by clones), for tests/test_vllm.py. tests/vllm_env.py builds it, or reuses it while
+# its pins stay the same (a stamp named by their hash); where the registry lacks a package it says so and
+# the tests skip.
+vllm-venv:
+	$(PYTHON) tests/vllm_env.py
+
 # JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
-# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure.
-test: lint
+# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure. The 15
+# slowest tests are listed at the end: the budget (docs/testing.md) is watched there.
+test: lint vllm-venv
 	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
-	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc

@@ -77,8 +77,8 @@ __version__ = "0.1.0"
 
 
 # modules that are part of the API: qvj.data.load(...), qvj.ray.Encoder (Ray Data's stages),
-# qvj.serve.Client (the service's client) and qvj.serve.create_app
-_MODULES = {"data": "data", "ray": "data.ray_data", "serve": "serve"}
+# qvj.serve.Client (the service's client) and qvj.serve.create_app, qvj.vllm.mm_data (vLLM)
+_MODULES = {"data": "data", "ray": "data.ray_data", "serve": "serve", "vllm": "vllm"}
 
 
 def __getattr__(name):

@@ -28,9 +28,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from qwen_vit_jax.tools.demo import TINY
 
@@ -40,6 +38,14 @@ from qwen_vit_jax.tools.demo import TINY
 # A handler here is reset to the default in every child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session")
+def towers(tmp_path_factory):
+    """The registry of tests/towers.py: each tower built at most once per session, on first use."""
+    from towers import Towers
+
+    return Towers(tmp_path_factory.mktemp("towers"))
 
 
 @pytest.fixture(scope="session")
@@ -60,13 +66,24 @@ def tiny_encoder(tiny_dirs):
     return VisionEncoder.from_pretrained(tiny_dirs[1])
 
 
-def make_image(height: int, width: int, seed: int = 0) -> Image.Image:
-    """A smooth RGB test image (gradients plus a block): structure the tower can tell apart."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    a = np.stack([x / width, y / height, (x + y) / (width + height)], -1) * rng.uniform(100, 255, 3)
-    a[height // 3 :, : width // 2] = rng.integers(0, 256, 3)
-    return Image.fromarray(a.astype(np.uint8))
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the session (2 CPUs, no dashboard): Ray Data's stages (test_scale.py) and
+    Ray Serve (test_serve_ray.py) share it; it stops after its last user (below)."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the session's Ray once no later test uses it: the tests after it run without its processes."""
+    if "ray_local" in item.fixturenames:
+        later = item.session.items[item.session.items.index(item) + 1 :]
+        if not any("ray_local" in i.fixturenames for i in later):
+            import ray
+
+            ray.shutdown()
 
 
 @pytest.fixture

@@ -8,25 +8,18 @@ it these tests skip, unless QVJ_REQUIRE_ACCEL=1 (CI) makes that a failure.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 
 import jax
 import numpy as np
 import pytest
+from towers import AOT_TOWERS
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_5_27B, QWEN3_VL_8B
 from qwen_vit_jax.tools import aot
 
-SMALL = dict(depth=2, width=64, num_heads=2, intermediate_size=128, out_dim=32)
-TOWERS = {
-    "qwen2-vl": dataclasses.replace(QWEN2_VL_2B, **SMALL),
-    "qwen2.5-vl": dataclasses.replace(QWEN2_5_VL_3B, **SMALL, fullatt_block_indexes=(1,)),
-    "qwen3-vl": dataclasses.replace(QWEN3_VL_8B, **SMALL, deepstack_layers=(0,)),
-    "qwen3.5": dataclasses.replace(QWEN3_5_27B, **SMALL),
-}
+TOWERS = AOT_TOWERS  # tests/towers.py: one of each variant
 TARGETS = ("h100", "tpu-v5e")
 pytestmark = pytest.mark.accel
 

@@ -184,7 +184,7 @@ def _child(ckpt: str) -> None:
                 "ratio": r["flops_ratio"],
                 "padded_ok": r["padded_patches"] == 4 * sum(b["patches"] for b in r["buckets"]),
             }
-    from conftest import make_image
+    from sample_images import make_image
 
     from qwen_vit_jax import preprocess_images
 
@@ -206,5 +206,5 @@ def _child(ckpt: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # conftest's make_image
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sample_images' make_image
     _child(sys.argv[1])

@@ -88,16 +88,14 @@ def _write_clip(path: pathlib.Path, frames: int = 8, fps: int = 4, width: int = 
 
 
 @pytest.fixture(scope="session")
-def docs_fixture(tmp_path_factory) -> pathlib.Path:
-    """The folder every page's copy starts from: hf/, ckpt/, photo.jpg, photo2.jpg, clip.mp4."""
+def docs_fixture(tmp_path_factory, tiny_dirs) -> pathlib.Path:
+    """The folder every page's copy starts from: hf/, ckpt/, photo.jpg, photo2.jpg, clip.mp4 (hf/ and
+    ckpt/: the session's demo checkpoint, tests/conftest.py's `tiny_dirs`)."""
     from skimage import data
 
-    from qwen_vit_jax.tools.demo import TINY, write_random_hf_checkpoint
-    from qwen_vit_jax.weights.convert import convert_checkpoint
-
     root = tmp_path_factory.mktemp("docs_fixture")
-    write_random_hf_checkpoint(TINY, root / "hf", seed=0)
-    convert_checkpoint(root / "hf", root / "ckpt")
+    shutil.copytree(tiny_dirs[0], root / "hf")
+    shutil.copytree(tiny_dirs[1], root / "ckpt")
     Image.fromarray(data.astronaut()).resize((224, 224), Image.BICUBIC).save(root / "photo.jpg", quality=90)
     Image.fromarray(data.coffee()).resize((300, 200), Image.BICUBIC).save(root / "photo2.jpg", quality=90)
     _write_clip(root / "clip.mp4")

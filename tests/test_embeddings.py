@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image
+from sample_images import make_image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.data import embeddings

@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 from qwen_vit_jax import VisionEncoder, preprocess_images, preprocess_video
 from qwen_vit_jax.preprocess.config import PreprocessConfig

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from towers import SMALL_Q2, SMALL_Q3, SMALL_Q25
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import QWEN2_5_VL
 from qwen_vit_jax.model.vit import abstract_model
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_VL_8B
+from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
-TINY25 = dataclasses.replace(
-    QWEN2_5_VL_3B, depth=2, width=32, num_heads=2, intermediate_size=48, out_dim=24, fullatt_block_indexes=(1,)
-)
-TINY2 = dataclasses.replace(QWEN2_VL_2B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=24)
+TINY25, TINY2, TINY3 = SMALL_Q25, SMALL_Q2, SMALL_Q3  # tests/towers.py: depth 2, width 32
 
 
 def random_params(cfg, seed=0):
@@ -222,9 +218,6 @@ def test_every_call_of_a_request_gives_the_same_bits(enc):
     assert 1080 not in {b.patches for b in enc.compile_seconds}
 
 
-TINY3 = dataclasses.replace(
-    QWEN3_VL_8B, depth=2, width=32, num_heads=2, intermediate_size=64, out_dim=24, deepstack_layers=(0,)
-)
 BATCH = [[1, 8, 8], [1, 12, 16], [1, 20, 14], [1, 16, 24], [1, 6, 10], [1, 16, 16]]
 
 

@@ -10,7 +10,7 @@ mismatched keys and its tower equals ours at the float32 bar; failures leave not
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import filecmp
 import json
 import os
@@ -20,30 +20,15 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from hf_utils import assert_fp32_close, build_hf_model, hf_visual, random_pixels
+from hf_utils import assert_fp32_close, hf_visual, random_pixels
 from safetensors.torch import load_file, save_file
+from towers import Q2, Q3, Q25
 
 import qwen_vit_jax as qvj
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B, QWEN3_VL_8B
 from qwen_vit_jax.weights import export
 from qwen_vit_jax.weights.safetensors_io import SafetensorsFile
 
-CONFIGS = {
-    "q25": dataclasses.replace(
-        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-    ),
-    "q2": dataclasses.replace(QWEN2_VL_2B, depth=3, width=64, num_heads=4, intermediate_size=128, out_dim=48),
-    "q3": dataclasses.replace(
-        QWEN3_VL_8B,
-        depth=4,
-        width=64,
-        num_heads=4,
-        intermediate_size=96,
-        out_dim=48,
-        num_position_embeddings=36,
-        deepstack_layers=(1, 2),
-    ),
-}
+CONFIGS = {"q25": Q25, "q2": Q2, "q3": Q3}  # the registry's towers (tests/towers.py)
 GRID = np.array([[1, 8, 12], [2, 4, 6]])
 SIDE_FILES = {  # what a hub checkpoint carries besides weights (contents irrelevant, kept byte for byte)
     "tokenizer.json": '{"version": "1.0", "model": {}}',
@@ -53,9 +38,8 @@ SIDE_FILES = {  # what a hub checkpoint carries besides weights (contents irrele
 }
 
 
-def write_hub_layout(model, out, dtype):
+def write_hub_layout(model, out):
     """`model` saved by HF, then re-sharded like a hub checkpoint: text-only, mixed, vision-only."""
-    model = model.to(dtype)
     model.save_pretrained(out)
     tensors = {}
     for f in sorted(out.glob("*.safetensors")):
@@ -79,15 +63,15 @@ def write_hub_layout(model, out, dtype):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """(variant, dtype) -> (HF model in float32, its checkpoint dir)."""
+def checkpoints(tmp_path_factory, towers):
+    """(variant, dtype) -> (the tower's HF model in float32, its checkpoint dir in the hub's layout)."""
     root = tmp_path_factory.mktemp("export_src")
     out = {}
-    for name, cfg in CONFIGS.items():
-        hf = build_hf_model(cfg, seed=5)
+    for name in CONFIGS:
+        hf = towers[name].hf  # shared: written from a copy in another dtype
         for dtype in ("float32", "bfloat16") if name == "q25" else ("float32",):
-            out[name, dtype] = hf, write_hub_layout(hf, root / f"{name}-{dtype}", getattr(torch, dtype))
-            hf = hf.float()
+            model = hf if dtype == "float32" else copy.deepcopy(hf).to(torch.bfloat16)
+            out[name, dtype] = hf, write_hub_layout(model, root / f"{name}-{dtype}")
     return out
 
 

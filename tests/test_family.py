@@ -17,41 +17,25 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, random_pixels
+from hf_utils import (
+    assert_bf16_close,
+    assert_converted_equals_hf,
+    assert_encode_images_equal_hf,
+    assert_fp32_close,
+    random_pixels,
+)
+from sample_images import make_image
+from towers import FAMILY, Q3, case_fixture, hub_preprocessor
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.config import VisionConfig
-from qwen_vit_jax.families import QWEN3_5
-from qwen_vit_jax.presets import PRESETS, QWEN2_5_VL_3B, QWEN3_VL_8B
-from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR, HUB_PREPROCESSOR_QWEN3
-from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.presets import PRESETS, QWEN3_VL_8B
+from qwen_vit_jax.tools.hf_reference import hf_config, hf_image_features, hf_tower
 from qwen_vit_jax.weights import hf_read, keys
 from qwen_vit_jax.weights.safetensors_io import CheckpointError
 
-# head_dim 16, a 6 x 6 position table, deepstack taps on inner blocks (1 and 2 of 4)
-TINY_Q3 = dataclasses.replace(
-    QWEN3_VL_8B,
-    depth=4,
-    width=64,
-    num_heads=4,
-    intermediate_size=96,
-    out_dim=48,
-    num_position_embeddings=36,
-    deepstack_layers=(1, 2),
-)
-TINY_Q35 = dataclasses.replace(TINY_Q3, variant=QWEN3_5, depth=3, deepstack_layers=())
-# window (blocks 0, 2) and full (1, 3) attention, head_dim 16
-TINY_Q25 = dataclasses.replace(
-    QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-)
-CONFIGS = {
-    "qwen3_vl_moe": dataclasses.replace(TINY_Q3, family="qwen3_vl_moe"),
-    "qwen3_5_moe": dataclasses.replace(TINY_Q35, family="qwen3_5_moe"),
-    "qwen4_exp": dataclasses.replace(TINY_Q35, family="qwen4_exp"),
-    "qwen3_omni_moe": dataclasses.replace(TINY_Q3, family="qwen3_omni_moe"),
-    "qwen2_5_omni": dataclasses.replace(TINY_Q25, family="qwen2_5_omni"),
-}
+TINY_Q3 = Q3  # tests/towers.py
+CONFIGS = FAMILY
 # Where each family's checkpoint keeps the tower (what save_pretrained writes).
 PREFIX = {
     "qwen3_vl_moe": "model.visual.",
@@ -67,28 +51,12 @@ GRIDS = {
 }
 
 
-def preprocessor(cfg: VisionConfig) -> dict:
-    """The hub's preprocessor_config.json for the family (Qwen3 towers: patch 16, mean / std 0.5)."""
-    return HUB_PREPROCESSOR_QWEN3 if cfg.patch_size == 16 else HUB_PREPROCESSOR
-
-
-@pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
-    """(name, cfg, HF full model, converted dir), one HF build and conversion per family."""
-    name = request.param
-    cfg = CONFIGS[name]
-    hf = build_hf_model(cfg, seed=len(name))
-    root = tmp_path_factory.mktemp(name)
-    hf.save_pretrained(root / "hf")
-    (root / "hf" / "preprocessor_config.json").write_text(json.dumps(preprocessor(cfg)))
-    assert qvj.VisionConfig.from_hf(root / "hf") == cfg
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    return name, cfg, hf, root
+case = case_fixture(CONFIGS)  # (name, cfg, HF full model, root with hf/ and ours/)
 
 
 @pytest.fixture(scope="module")
-def encoder(case):
-    return qvj.VisionEncoder.from_pretrained(case[3] / "ours", dtype="float32", tight_after=None)
+def encoder(case, towers):
+    return towers[case[0]].encoder()
 
 
 def test_checkpoint_layout_and_converter(case):
@@ -149,20 +117,13 @@ def test_parity_bf16(case):
 def test_encode_images_with_hub_preprocessor(case, encoder):
     """encode_images reads the checkpoint's preprocessor_config.json and matches HF's processor
     (the same Qwen2-VL image processor for every family here), then get_image_features."""
-    import warnings
 
     from transformers import Qwen2VLImageProcessorPil
 
     _, cfg, hf, _ = case
     images = [make_image(200, 300, seed=1), make_image(300, 260, seed=2)]
-    pre = {k: v for k, v in preprocessor(cfg).items() if k != "image_processor_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = Qwen2VLImageProcessorPil(**pre)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px, grid))
+    pre = {k: v for k, v in hub_preprocessor(cfg).items() if k != "image_processor_type"}
+    assert_encode_images_equal_hf(encoder, hf, lambda: Qwen2VLImageProcessorPil(**pre), images)
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -258,8 +219,4 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
         kw = {}
     model, info = model_cls.from_pretrained(hf_dir, output_loading_info=True, **kw)
     assert not [k for k in info["missing_keys"] if "visual" in k] and not info["unexpected_keys"]
-    qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    grid = np.array([[1, 8, 12]])
-    px = random_pixels(cfg, grid, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, grid)
-    assert_fp32_close(tokens, hf_image_features(model.eval(), px, grid))
+    assert_converted_equals_hf(model, hf_dir, cfg, tmp_path)

@@ -1,15 +1,18 @@
-"""`encode` under faults, each on real processes: the main process killed (SIGKILL) with workers
-running, a full disk (a small file system the test mounts where it may, and writes made to fail
-with ENOSPC everywhere), two runs on one output, and a damaged file to resume.
+"""`encode` under faults: the main process killed (SIGKILL) with workers running, a full disk (a
+small file system the test mounts where it may, and writes made to fail with ENOSPC everywhere), two
+runs on one output, and a damaged file to resume.
 
-The runs are the real command line in a subprocess, started through a few lines of test code
-(WRAPPER) that can pause at the start of an encode call until a flag file exists (saying PAUSED on
-stderr), and can make the writes of OUT's format fail with ENOSPC from a given write on, the way
-the writers themselves report a full disk (each writes its bytes first, so a partial file exists).
+Where a process boundary is what is tested (a kill, a second process holding OUT, a mount) the run is
+the real command line in a subprocess, started through a few lines of test code (WRAPPER) that can
+pause at the start of an encode call until a flag file exists (saying PAUSED on stderr). The rest
+call `cli.main` in this process; a full disk is played there by making the writes of OUT's format
+fail with ENOSPC from a given write on, the way the writers themselves report it (each writes its
+bytes first, so a partial file exists).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -21,7 +24,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 from benchmarks.workloads.sessions import session_pids
 from qwen_vit_jax import files
@@ -31,7 +34,7 @@ from qwen_vit_jax.processes import die_with_parent
 from qwen_vit_jax.tools import cli
 
 WRAPPER = r"""
-import errno, os, sys, time
+import os, sys, time
 
 pause_at = int(os.environ.get("QVJ_PAUSE_AT", "0"))  # the encode call to pause at, until $QVJ_FLAG exists
 if pause_at:
@@ -46,33 +49,6 @@ if pause_at:
                 time.sleep(0.05)
         return real_encode(self, *args, **kwargs)
     encoder.VisionEncoder.encode = encode
-
-full_at = int(os.environ.get("QVJ_FULL_AT", "0"))  # the write of OUT's format from which the disk is full
-if full_at:
-    writes = []
-    def failing(real, error):
-        def write(*args, **kwargs):
-            writes.append(1)
-            real(*args, **kwargs)  # its bytes land first: a partial file is left to clean up
-            if len(writes) >= full_at:
-                raise error
-        return write
-
-    import numpy as np
-    import pyarrow.parquet as pq
-    from safetensors import SafetensorError
-    from qwen_vit_jax.weights import safetensors_io
-
-    # what each writer raises on a full disk (pyarrow and numpy an OSError, safetensors its own type)
-    pq.ParquetWriter.write_table = failing(
-        pq.ParquetWriter.write_table,
-        OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device"),
-    )
-    safetensors_io.save_file = failing(
-        safetensors_io.save_file,
-        SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-    )
-    np.savez = failing(np.savez, OSError(errno.ENOSPC, "No space left on device"))
 
 from qwen_vit_jax.tools import cli
 cli.run()
@@ -103,10 +79,46 @@ def _env(**kw) -> dict:
     return dict(os.environ, **{k: str(v) for k, v in kw.items()})
 
 
-def run(args: list[str], timeout: float = 300, **env) -> subprocess.CompletedProcess:
-    """The CLI with `args` through WRAPPER (env: QVJ_PAUSE_AT / QVJ_FULL_AT), to its end."""
-    cmd = [sys.executable, "-c", WRAPPER, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(**env))
+def run(capsys, args: list[str]) -> tuple[int, str]:
+    """The CLI with `args` in this process (a second process is not what these cases test), to its
+    end -> (exit status, stderr)."""
+    rc = cli.main(args)
+    return rc, capsys.readouterr().err
+
+
+def full_disk_from(monkeypatch, at: int) -> None:
+    """Make the writes of every output format fail with ENOSPC from write `at` on, the way each writer
+    reports a full disk (pyarrow and numpy an OSError, safetensors its own type), after writing its
+    bytes (a partial file is left to clean up)."""
+    import pyarrow.parquet as pq
+    from safetensors import SafetensorError
+
+    from qwen_vit_jax.weights import safetensors_io
+
+    writes = []
+
+    def failing(real, error):
+        def write(*args, **kwargs):
+            writes.append(1)
+            real(*args, **kwargs)
+            if len(writes) >= at:
+                raise error
+
+        return write
+
+    no_space = "Error writing bytes to file. Detail: [errno 28] No space left on device"
+    monkeypatch.setattr(
+        pq.ParquetWriter, "write_table", failing(pq.ParquetWriter.write_table, OSError(errno.ENOSPC, no_space))
+    )
+    monkeypatch.setattr(
+        safetensors_io,
+        "save_file",
+        failing(
+            safetensors_io.save_file,
+            SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+        ),
+    )
+    monkeypatch.setattr(np, "savez", failing(np.savez, OSError(errno.ENOSPC, "No space left on device")))
 
 
 def start_paused(args: list[str], flag: pathlib.Path, at: int = 2, **popen) -> subprocess.Popen:
@@ -140,7 +152,7 @@ def leftovers(folder: pathlib.Path) -> list[str]:
 
 # ---- the main process killed: nothing keeps running -----------------------------------------------
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="lists processes in /proc")
-def test_sigkill_leaves_no_process_and_resume_is_whole(tiny_dirs, tmp_path):
+def test_sigkill_leaves_no_process_and_resume_is_whole(tiny_dirs, tmp_path, capsys):
     _, ckpt = tiny_dirs
     images = _folder(tmp_path / "images", 12)  # the workers are still at work at the third call
     out = tmp_path / "out" / "emb.parquet"
@@ -164,10 +176,12 @@ def test_sigkill_leaves_no_process_and_resume_is_whole(tiny_dirs, tmp_path):
     assert len(parquet.part_files(out)) == 2  # the first two calls' rows, checkpointed
     assert (out.parent / "emb.parquet.lock").exists()  # its holder is gone
 
-    p = run(_command(ckpt, images, out, "--resume", "--workers", "0"))  # (the same rows for any worker count)
-    assert p.returncode == 0, p.stderr
-    assert "was left by a run that is gone" in p.stderr and "taken over" in p.stderr, p.stderr
-    assert "resume: 2 of 12 inputs already in" in p.stderr
+    rc, err = run(
+        capsys, _command(ckpt, images, out, "--resume", "--workers", "0")
+    )  # (any worker count: the same rows)
+    assert rc == 0, err
+    assert "was left by a run that is gone" in err and "taken over" in err, err
+    assert "resume: 2 of 12 inputs already in" in err
     assert os.listdir(out.parent) == ["emb.parquet"]
     clean_run(ckpt, images, tmp_path / "clean.parquet")
     assert_same_rows(out, tmp_path / "clean.parquet")
@@ -225,36 +239,44 @@ FULL = [
 
 
 @pytest.mark.parametrize("name, at, held, kept", FULL, ids=["parquet-part", "parquet-merge", "safetensors", "npz"])
-def test_a_full_disk_is_an_error_and_leaves_nothing_half_written(tiny_dirs, images, tmp_path, name, at, held, kept):
+def test_a_full_disk_is_an_error_and_leaves_nothing_half_written(
+    tiny_dirs, images, tmp_path, capsys, monkeypatch, name, at, held, kept
+):
     _, ckpt = tiny_dirs
     folder = tmp_path / "out"
     folder.mkdir()
     out = folder / name
     args = _command(ckpt, images, out, "--save-every", "0", "--workers", "0")
-    p = run(args, QVJ_FULL_AT=at)
-    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    error = p.stderr.strip().splitlines()[-1]
+    with monkeypatch.context() as m:
+        full_disk_from(m, at)
+        rc, err = run(capsys, args)
+    assert rc == 1 and "Traceback" not in err, err
+    error = err.strip().splitlines()[-1]
     assert error.startswith(f"error: no space left on the device of {out} ("), error
     assert "): finishing the run needs about " in error and " free; " in error and kept in error, error
     assert error.endswith("free space, then the same command with --resume continues"), error
     assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()) == held
     if name == "emb.parquet" and at == 2:  # --resume then ends whole
-        p = run([*args, "--resume"])
-        assert p.returncode == 0, p.stderr
+        rc, err = run(capsys, [*args, "--resume"])
+        assert rc == 0, err
         assert os.listdir(folder) == ["emb.parquet"]
         clean_run(ckpt, images, tmp_path / "clean.parquet")
         assert_same_rows(out, tmp_path / "clean.parquet")
 
 
 INNER = r"""
-import json, os, shutil, subprocess, sys
+import contextlib, io, json, os, shutil, subprocess, sys
+from qwen_vit_jax.tools import cli
+
 mount, cmd, resume, copy = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mount], check=True)
 runs = []
-for args in (cmd, resume):
-    p = subprocess.run([sys.executable, "-m", "qwen_vit_jax.tools.cli", *args], capture_output=True, text=True)
+for args in (cmd, resume):  # the command line's main, in this process: the mount namespace's
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = cli.main(args)
     files = sorted(os.path.relpath(os.path.join(r, f), mount) for r, _, fs in os.walk(mount) for f in fs)
-    runs.append({"rc": p.returncode, "stderr": p.stderr, "files": files})
+    runs.append({"rc": rc, "stderr": err.getvalue(), "files": files})
     subprocess.run(["mount", "-o", "remount,size=16m", mount], check=True)  # space freed: --resume goes on
 shutil.copytree(mount, copy)
 print(json.dumps(runs))
@@ -301,19 +323,19 @@ def test_a_full_small_file_system(tiny_dirs, images, tmp_path, name):
 
 
 # ---- one output, one writer -------------------------------------------------------------------------
-def test_a_second_run_on_the_same_output_refuses_at_once(tiny_dirs, images, tmp_path):
+def test_a_second_run_on_the_same_output_refuses_at_once(tiny_dirs, images, tmp_path, capsys):
     _, ckpt = tiny_dirs
     out = tmp_path / "out" / "emb.parquet"
     out.parent.mkdir()
     args = _command(ckpt, images, out, "--save-every", "0", "--workers", "0")
-    first = start_paused(args, tmp_path / "go")
+    first = start_paused(args, tmp_path / "go")  # another process holds OUT
     try:
         for extra in ([], ["--resume"], ["--overwrite"]):
             t0 = time.monotonic()
-            p = run([*args, *extra], timeout=120)
-            assert p.returncode == 1, p.stderr
-            assert p.stderr.startswith(f"error: {out} is being written by another run (pid {first.pid} on "), p.stderr
-            assert " since " in p.stderr and "Traceback" not in p.stderr
+            rc, err = run(capsys, [*args, *extra])
+            assert rc == 1, err
+            assert err.startswith(f"error: {out} is being written by another run (pid {first.pid} on "), err
+            assert " since " in err and "Traceback" not in err
             assert time.monotonic() - t0 < 60 and first.poll() is None  # at once: the first still runs
         (tmp_path / "go").touch()
         _, err = first.communicate(timeout=300)
@@ -363,15 +385,15 @@ def test_save_every_flag(capsys, tiny_dirs, images, tmp_path):
 
 # ---- a damaged file to resume ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["emb.parquet", "emb.safetensors"])
-def test_a_truncated_file_to_resume_is_named(tiny_dirs, images, tmp_path, name):
+def test_a_truncated_file_to_resume_is_named(tiny_dirs, images, tmp_path, capsys, name):
     _, ckpt = tiny_dirs
     out = tmp_path / name
     clean_run(ckpt, images / "im00.png", out)
     damaged = out.read_bytes()[: out.stat().st_size // 2]
     out.write_bytes(damaged)
-    p = run(_command(ckpt, images, out, "--resume"))
-    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
-    error = p.stderr.strip().splitlines()[-1]
+    rc, err = run(capsys, _command(ckpt, images, out, "--resume"))
+    assert rc == 1 and "Traceback" not in err, err
+    error = err.strip().splitlines()[-1]
     assert error.startswith(f"error: --resume: cannot read {out} ("), error
     assert error.endswith("--overwrite replaces it, or move it aside to keep it"), error
     assert out.read_bytes() == damaged and sorted(os.listdir(tmp_path)) == sorted(["images", name])

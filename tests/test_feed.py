@@ -14,12 +14,13 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image
+from sample_images import make_image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PADDLEOCR_PREPROCESS, QWEN3_VL_PREPROCESS, PreprocessConfig
+from qwen_vit_jax.tools import cli
 
 IMAGES = [(56, 84), (112, 84), (300, 450), (30, 500)]
 
@@ -242,9 +243,14 @@ def many(tmp_path_factory):
     return d
 
 
+def _args(tiny_dirs, folder, out, *extra) -> list[str]:
+    return ["encode", str(tiny_dirs[1]), str(folder), "-o", str(out), "--batch-patches", "40", *map(str, extra)]
+
+
 def _encode(tiny_dirs, folder, out, *extra, env=None, **kw):
-    cmd = [sys.executable, "-c", "from qwen_vit_jax.tools.cli import run; run()", "encode", str(tiny_dirs[1])]
-    cmd += [str(folder), "-o", str(out), "--batch-patches", "40", *extra]
+    """The console script's run in a fresh process (its exit: Grain's shared memory freed)."""
+    script = "from qwen_vit_jax.tools.cli import run; run()"
+    cmd = [sys.executable, "-c", script, *_args(tiny_dirs, folder, out, *extra)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, **kw)
 
 
@@ -354,9 +360,8 @@ def test_a_killed_worker_is_a_named_error_and_nothing_is_lost(tiny_dirs, many, t
     assert 1 <= len(held) < 20
     time.sleep(0.5)
     assert _marked(marker) == []
-    # --resume finishes the run: every input once, the bytes of a clean run
-    p = _encode(tiny_dirs, many, out, "--resume", "--workers", "2")
-    assert p.returncode == 0, p.stderr
+    # --resume finishes the run: every input once, the bytes of a clean run (both in this process)
+    assert cli.main(_args(tiny_dirs, many, out, "--resume", "--workers", "2")) == 0
     clean = tmp_path / "clean.safetensors"
-    assert _encode(tiny_dirs, many, clean, "--workers", "0").returncode == 0
+    assert cli.main(_args(tiny_dirs, many, clean, "--workers", "0")) == 0
     assert out.read_bytes() == clean.read_bytes()

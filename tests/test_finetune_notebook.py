@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_notebook import executed, text_of
+from notebook_runs import executed, text_of
 
 pytest.importorskip("nbformat")
 

@@ -11,14 +11,20 @@ exactly, and the end-to-end parity below holds that gather to the float32 bar ag
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_real_size, random_pixels
+from hf_utils import (
+    assert_bf16_close,
+    assert_converted_equals_hf,
+    assert_encode_images_equal_hf,
+    assert_fp32_close,
+    random_pixels,
+)
+from sample_images import make_image
+from towers import GLM_TINY, SPECS, assert_compiled_dots_are_ideal, case_fixture, check_real_size
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
@@ -28,22 +34,12 @@ from qwen_vit_jax.preprocess.config import GLM4V_PREPROCESS, PreprocessConfig
 from qwen_vit_jax.preprocess.images import preprocess_glm4v_images
 from qwen_vit_jax.presets import PRESETS
 from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_GLM4V
-from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower, hf_visual
+from qwen_vit_jax.tools.hf_reference import hf_config, hf_image_features, hf_tower, hf_visual
 from qwen_vit_jax.weights import hf_read, keys
 
 GLM = PRESETS["glm-4.1v-9b"]
-# head_dim 16, a 6 x 6 table (image_size 84 / patch 14), block MLP = out 48, merger SwiGLU 80
-TINY = dataclasses.replace(
-    GLM,
-    depth=3,
-    width=64,
-    num_heads=4,
-    intermediate_size=48,
-    out_dim=48,
-    merger_intermediate_size=80,
-    num_position_embeddings=36,
-)
-CONFIGS = {"glm4v": TINY, "glm4v_moe": dataclasses.replace(TINY, family="glm4v_moe", qkv_bias=True)}
+TINY = GLM_TINY  # tests/towers.py
+CONFIGS = {name: SPECS[name].cfg for name in ("glm4v", "glm4v_moe")}
 GRIDS = {
     "image": [[1, 10, 14]],  # larger than the table: upsampling
     "video": [[3, 8, 12]],  # HF: get_video_features (per-frame grids)
@@ -51,23 +47,12 @@ GRIDS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
-    """(name, cfg, HF full model, root with hf/ and ours/), built once per family."""
-    name = request.param
-    cfg = CONFIGS[name]
-    hf = build_hf_model(cfg, seed=13)
-    root = tmp_path_factory.mktemp(name)
-    hf.save_pretrained(root / "hf")
-    (root / "hf" / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR_GLM4V))
-    assert VisionConfig.from_hf(root / "hf") == cfg
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    return name, cfg, hf, root
+case = case_fixture(CONFIGS)  # (name, cfg, HF full model, root with hf/ and ours/)
 
 
 @pytest.fixture(scope="module")
-def encoder(case):
-    return qvj.VisionEncoder.from_pretrained(case[3] / "ours", dtype="float32", tight_after=None)
+def encoder(case, towers):
+    return towers[case[0]].encoder()
 
 
 def hf_features(hf, px, grid, video: bool) -> np.ndarray:
@@ -184,13 +169,7 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
     images = [make_image(200, 300, seed=1), make_image(90, 40, seed=2)]
     assert encoder.preprocess == GLM4V_PREPROCESS  # read from the checkpoint's file
     pre = {k: v for k, v in HUB_PREPROCESSOR_GLM4V.items() if k != "image_processor_type"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = Glm4vImageProcessorPil(**pre)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px, grid))
+    assert_encode_images_equal_hf(encoder, hf, lambda: Glm4vImageProcessorPil(**pre), images)
 
 
 @pytest.mark.parametrize("variant", ["glm-4v", "glm-4.5v"])
@@ -203,23 +182,17 @@ def test_demo_checkpoint_loads_in_transformers(variant, tmp_path):
     assert VisionConfig.from_hf(hf_dir) == cfg
     model, info = _hf_classes(cfg.hf_family)[3].from_pretrained(hf_dir, output_loading_info=True)
     assert not [k for k in info["missing_keys"] if "visual" in k] and not info["unexpected_keys"]
-    qvj.convert_checkpoint(hf_dir, tmp_path / "ours")
-    g = np.array([[1, 8, 12]])
-    px = random_pixels(cfg, g, seed=2)
-    tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, g)
-    assert_fp32_close(tokens, hf_image_features(model.eval(), px, g))
+    assert_converted_equals_hf(model, hf_dir, cfg, tmp_path)
 
 
 def test_ideal_flops_count_glms_merger(case, encoder):
     """256 patches of one frame fill their bucket and its attention tiles exactly: the compiled dots
     are the ideal ones, GLM's merger (downsample, proj, SwiGLU) included."""
-    report = encoder.cost_report([[1, 16, 16]])
-    assert report["padded_patches"] == 256
-    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert_compiled_dots_are_ideal(encoder)
 
 
 @pytest.mark.slow
 def test_parity_real_size(tmp_path):
     """The released GLM-4.1V tower (24 x 1536, a 24 x 24 table, out 4096, merger 13696) on one
     non-square image, fp32 and bf16, against get_image_features."""
-    check_image_features_real_size(GLM, "glm-4.1v", tmp_path)
+    check_real_size(GLM, "glm-4.1v", tmp_path, [[1, 12, 20]], hf_image_features)

@@ -13,6 +13,7 @@ What is pinned is what the fast version does (docs/numerics.md, "Precision rules
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 
@@ -38,7 +39,9 @@ def _bucket():
     return bucket
 
 
+@functools.cache
 def _traced(dtype: str):
+    """The forward traced once per dtype for the session (the compile test reuses the bf16 trace)."""
     graphdef, state = nnx.split(aot.abstract_model(CFG, dtype, "cpu"))
     state = jax.eval_shape(aot.as_bits, state)
     specs = input_specs(CFG, _bucket(), dtype, 1)  # uint8 Patches: what encode_images and the CLI send

@@ -28,10 +28,11 @@ LAYERS = {
     "prompt": 8,
     "runtime": 9,
     "data": 10,
-    "serve": 11,
-    "tools": 12,
-    "__init__": 13,
-    "__main__": 13,
+    "vllm": 11,  # vLLM's request form and encoder-cache store: below the service and the CLI that write it
+    "serve": 12,
+    "tools": 13,
+    "__init__": 14,
+    "__main__": 14,
 }
 MAX_LINES = 600
 _LAZY = ("_EXPORTS", "_MODULES")  # a package __init__'s tables of modules imported on first use

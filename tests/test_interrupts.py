@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.tools import cli

@@ -4,13 +4,11 @@ it equals HF at the float32 and bfloat16 bars (the same bars as the XLA schedule
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hf_utils import assert_bf16_close, assert_fp32_close, build_hf_model, hf_visual, random_pixels
+from hf_utils import assert_bf16_close, assert_fp32_close, hf_visual, random_pixels
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.model import attention_gpu, attention_tpu
@@ -44,18 +42,12 @@ def test_tile_attention_equals_its_reference(kernel):
 
 
 @pytest.fixture(scope="module")
-def tower(tmp_path_factory):
-    """A tiny Qwen2.5-VL (window and full layers) from HF, converted; a mixed request."""
-    cfg = dataclasses.replace(
-        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-    )
-    root = tmp_path_factory.mktemp("kernels")
-    hf = build_hf_model(cfg, seed=11)
-    hf.save_pretrained(root / "hf")
-    qvj.convert_checkpoint(root / "hf", root / "ours")
+def tower(towers):
+    """The registry's tiny Qwen2.5-VL (window and full layers), converted; a mixed request."""
+    tower = towers["q25"]
     grid = np.array([[1, 8, 8], [2, 10, 14], [1, 2, 40]])  # edge windows, a video, a thin image
-    px = random_pixels(cfg, grid, seed=12)
-    return root / "ours", px, grid, hf_visual(hf, px, grid)
+    px = random_pixels(tower.cfg, grid, seed=12)
+    return tower.ours, px, grid, hf_visual(tower.hf, px, grid)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from hf_utils import random_pixels
+from lm_models import TOWERS, inner, prompt_config_of, random_batch, tiny_hf
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import OMNI
@@ -35,8 +37,6 @@ from qwen_vit_jax.prompt.positions import token_types
 from qwen_vit_jax.prompt.rope_config import INTERLEAVE, SECTIONS
 from qwen_vit_jax.prompt.splice import apply_deepstack, apply_splice
 from qwen_vit_jax.tools.hf_reference import FLOAT32, compare
-from tests.hf_utils import random_pixels
-from tests.test_splice import TOWERS, inner, prompt_config_of, random_batch, tiny_hf
 
 E2E = ["qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "qwen3_omni_moe", "qwen2_5_omni"]
 SECONDS_PER_GRID = {"qwen2_5_omni": 1.0, "qwen3_omni_moe": 0.5}  # the Omni thinkers read one per video

@@ -9,7 +9,6 @@ only the chosen adapters; export_hf merges before writing.
 
 from __future__ import annotations
 
-import dataclasses
 import filecmp
 import functools
 
@@ -20,32 +19,23 @@ import optax
 import pytest
 import torch
 from flax import nnx
-from hf_utils import build_hf_model, random_pixels
-from test_module import flat_grads, hf_grads_through_converter, rel
+from hf_utils import flat_grads, hf_grads_through_converter, random_pixels, rel
+from towers import Q2, Q25
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.model.lora import LoRA, merged_params
 from qwen_vit_jax.model.vit import Linear
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
 
-CONFIGS = {
-    "q25": dataclasses.replace(
-        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-    ),
-    "q2": dataclasses.replace(QWEN2_VL_2B, depth=3, width=64, num_heads=4, intermediate_size=128, out_dim=48),
-}
+CONFIGS = {"q25": Q25, "q2": Q2}  # the registry's towers (tests/towers.py)
 TARGETS = {"q25": ("qkv", "proj", "down"), "q2": ("qkv", "fc1")}
 GRID = np.array([[2, 8, 12], [1, 6, 10]])  # a video and an image with edge windows
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
+def case(request, towers):
     """(name, cfg, HF model, HF checkpoint dir)."""
-    cfg = CONFIGS[request.param]
-    hf = build_hf_model(cfg, seed=7)
-    root = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(root / "hf")
-    return request.param, cfg, hf, root / "hf"
+    tower = towers[request.param]
+    return request.param, tower.cfg, tower.hf, tower.hf_dir
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -8,43 +8,30 @@ isolation of non-finite values. float32 tolerances are the project's (docs/numer
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from flax import nnx
-from hf_utils import assert_fp32_close, build_hf_model, hf_visual, random_pixels
+from hf_utils import assert_fp32_close, flat_grads, hf_grads_through_converter, hf_visual, random_pixels, rel
+from towers import Q2, Q25
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import QWEN2_5_VL
 from qwen_vit_jax.model.numerics import Numerics
 from qwen_vit_jax.model.vit import VisionTransformer, model_from_params
 from qwen_vit_jax.preprocess.images import preprocess_images
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN2_VL_2B
-from qwen_vit_jax.weights.hf_read import read_hf_vision_params
-from qwen_vit_jax.weights.safetensors_io import write_safetensors
 
-CONFIGS = {
-    "q25": dataclasses.replace(
-        QWEN2_5_VL_3B, depth=4, width=64, num_heads=4, intermediate_size=96, out_dim=48, fullatt_block_indexes=(1, 3)
-    ),
-    "q2": dataclasses.replace(QWEN2_VL_2B, depth=3, width=64, num_heads=4, intermediate_size=128, out_dim=48),
-}
+CONFIGS = {"q25": Q25, "q2": Q2}  # the registry's towers (tests/towers.py)
 VIDEO_AND_MIXED = np.array([[2, 10, 12], [1, 8, 8], [1, 2, 18]])  # a video, edge windows, a thin image
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
+def case(request, towers):
     """(cfg, HF model, converted dir)."""
-    cfg = CONFIGS[request.param]
-    hf = build_hf_model(cfg, seed=11)
-    root = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(root / "hf")
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    return cfg, hf, root / "ours"
+    tower = towers[request.param]
+    return tower.cfg, tower.hf, tower.ours
 
 
 def run_plans(model, pv, grid, policy=None, **kw):
@@ -107,26 +94,6 @@ def test_unpad_and_take_check_their_inputs():
     with pytest.raises(ValueError, match="unpad"):
         plan.unpad(np.zeros((7, 3)))
     assert plan.unpad(jnp.zeros((3, plan.bucket.patches, 5))).shape == (3, 60, 5)
-
-
-def flat_grads(tree) -> dict[str, np.ndarray]:
-    return {
-        ".".join(map(str, k)): np.asarray(v.get_value() if hasattr(v, "get_value") else v)
-        for k, v in nnx.to_flat_state(tree)
-    }
-
-
-def hf_grads_through_converter(hf, tmp_path) -> dict[str, np.ndarray]:
-    """HF's parameter gradients laid out as our params: written as a vision-only checkpoint and
-    read back by the converter (its key table, transposes and stacking)."""
-    tensors = {name: p.grad.numpy() for name, p in hf.model.visual.named_parameters()}
-    hf.config.to_json_file(tmp_path / "config.json")
-    write_safetensors(tmp_path / "model.safetensors", tensors)
-    return read_hf_vision_params(tmp_path)[1]
-
-
-def rel(a, b) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("remat", [False, True])

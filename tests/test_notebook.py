@@ -6,33 +6,13 @@ prints, store fresh outputs with `python notebooks/execute.py`."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import re
 
 import pytest
+from notebook_runs import executed, runner, text_of
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
-
-NOTEBOOKS = pathlib.Path(__file__).parent.parent / "notebooks"
-_spec = importlib.util.spec_from_file_location("notebooks_execute", NOTEBOOKS / "execute.py")
-runner = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(runner)
-
-_executed: dict[str, object] = {}
-
-
-def executed(name: str):
-    """notebooks/<name> run in a fresh kernel, once per test session."""
-    if name not in _executed:
-        _executed[name] = runner.execute(NOTEBOOKS / name, timeout=300)
-    return _executed[name]
-
-
-def text_of(nb) -> str:
-    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
-    return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
 @pytest.mark.parametrize("path", runner.notebooks(), ids=lambda p: p.name)

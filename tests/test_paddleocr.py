@@ -9,15 +9,15 @@ Images only: PaddleOCR-VL's tower takes no video (a grid with t > 1 is refused).
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, check_image_features_real_size, random_pixels
+from hf_utils import assert_bf16_close, assert_encode_images_equal_hf, assert_fp32_close, random_pixels
 from PIL import Image
+from sample_images import make_image
+from towers import PADDLE_TINY, assert_compiled_dots_are_ideal, check_real_size
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
 
 import qwen_vit_jax as qvj
@@ -28,15 +28,12 @@ from qwen_vit_jax.preprocess.config import PADDLEOCR_PREPROCESS, PreprocessConfi
 from qwen_vit_jax.preprocess.images import preprocess_paddleocr_images
 from qwen_vit_jax.presets import PRESETS
 from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_PADDLEOCR
-from qwen_vit_jax.tools.hf_reference import build_hf_model, hf_config, hf_image_features, hf_tower
+from qwen_vit_jax.tools.hf_reference import hf_config, hf_image_features, hf_tower
 from qwen_vit_jax.weights import hf_read, keys
 from qwen_vit_jax.weights.safetensors_io import CheckpointError
 
 PADDLE = PRESETS["paddleocr-vl"]
-# head_dim 16, a 6 x 6 table (image_size 84 / patch 14), 3 blocks
-TINY = dataclasses.replace(
-    PADDLE, depth=3, width=64, num_heads=4, intermediate_size=96, out_dim=48, num_position_embeddings=36
-)
+TINY = PADDLE_TINY  # tests/towers.py: head_dim 16, a 6 x 6 table (image_size 84 / patch 14), 3 blocks
 GRIDS = {
     "image": [[1, 10, 14]],  # larger than the table: upsampling
     "mixed": [[1, 4, 4], [1, 16, 12], [1, 2, 2], [1, 2, 18], [1, 6, 6]],  # down, up and equal sides
@@ -44,20 +41,15 @@ GRIDS = {
 
 
 @pytest.fixture(scope="module")
-def case(tmp_path_factory):
-    """(HF full model, converted dir holding HF's preprocessor defaults), built once."""
-    hf = build_hf_model(TINY, seed=11)
-    root = tmp_path_factory.mktemp("paddleocr")
-    hf.save_pretrained(root / "hf")
-    (root / "hf" / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR_PADDLEOCR))
-    assert VisionConfig.from_hf(root / "hf") == TINY
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    return hf, root
+def case(towers):
+    """(HF full model, root with hf/ (HF's preprocessor defaults) and ours/): the registry's tower."""
+    tower = towers["paddleocr_vl"]
+    return tower.hf, tower.ours.parent
 
 
 @pytest.fixture(scope="module")
-def encoder(case):
-    return qvj.VisionEncoder.from_pretrained(case[1] / "ours", dtype="float32", tight_after=None)
+def encoder(towers):
+    return towers["paddleocr_vl"].encoder()
 
 
 # ---- config ------------------------------------------------------------------------------------------
@@ -190,13 +182,7 @@ def test_encode_images_matches_processor_and_get_image_features(case, encoder):
     hf, _ = case
     images = [make_image(200, 300, seed=1), make_image(90, 40, seed=2)]
     assert encoder.preprocess == PADDLEOCR_PREPROCESS  # read from the checkpoint's file
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batch = hf_processor(HUB_PREPROCESSOR_PADDLEOCR)(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), hf_image_features(hf, px.reshape(len(px), -1), grid))
+    assert_encode_images_equal_hf(encoder, hf, lambda: hf_processor(HUB_PREPROCESSOR_PADDLEOCR), images)
 
 
 # ---- converter --------------------------------------------------------------------------------------------
@@ -254,13 +240,11 @@ def test_demo_checkpoint_loads_in_transformers(tmp_path):
 
 def test_ideal_flops(encoder):
     """The post-norm and the projector add no dots beyond the merger's: ideal == compiled."""
-    report = encoder.cost_report([[1, 16, 16]])
-    assert report["padded_patches"] == 256
-    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert_compiled_dots_are_ideal(encoder)
 
 
 @pytest.mark.slow
 def test_parity_real_size(tmp_path):
     """The released PaddleOCR-VL tower and projector (27 x 1152, a 27 x 27 table, out 1024) on one
     non-square image, fp32 and bf16, against get_image_features."""
-    check_image_features_real_size(PADDLE, "paddleocr-vl", tmp_path)
+    check_real_size(PADDLE, "paddleocr-vl", tmp_path, [[1, 12, 20]], hf_image_features)

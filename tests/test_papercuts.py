@@ -14,8 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image, UnidentifiedImageError
+from sample_images import make_image
 
 from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.data.inputs import load_image
@@ -208,6 +208,7 @@ def test_every_encode_flag_still_parses():
         + ["--max-pixels", "9999", "--fps", "2", "--max-frames", "8", "--fast-decode", "--workers", "3"]
         + ["--dtype", "bfloat16", "--batch-patches", "4096", "--compile-cache", "x", "--coordinator", "h:1"]
         + ["--num-processes", "2", "--process-id", "1", "--distributed"]
+        + ["--vllm-store", "s", "--vllm-ids", "vllm", "--vllm-model", "m"]
     )
     got = {k: v for k, v in vars(args).items() if k != "func"}
     assert got == {
@@ -239,6 +240,9 @@ def test_every_encode_flag_still_parses():
         "num_processes": 2,
         "process_id": 1,
         "distributed": True,
+        "vllm_store": "s",
+        "vllm_ids": "vllm",
+        "vllm_model": "m",
     }
 
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax import plan as planlib

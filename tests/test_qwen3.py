@@ -4,6 +4,7 @@ and the converter's key table for both variants."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -11,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from hf_utils import build_hf_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.vision_utils import get_vision_interpolation_indices_and_weights
@@ -21,7 +23,6 @@ from qwen_vit_jax.plan.posembed import interpolation_indices_weights, pos_embed_
 from qwen_vit_jax.presets import PRESETS, QWEN2_5_VL_3B, QWEN3_5_27B, QWEN3_VL_8B
 from qwen_vit_jax.weights import convert, hf_read, keys
 from qwen_vit_jax.weights.safetensors_io import CheckpointError, write_safetensors
-from tests.hf_utils import build_hf_model
 
 # head_dim 16, patch 4 (patch_dim 96), a 6 x 6 position table, deepstack after both blocks
 TINY_Q3 = dataclasses.replace(
@@ -267,22 +268,21 @@ def expected_q3(sd: dict, cfg: VisionConfig, prefix: str) -> dict:
     return ours
 
 
-@pytest.fixture(scope="module", params=[TINY_Q3, TINY_Q35], ids=["qwen3_vl", "qwen3_5"])
-def q3_ckpt(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=["q3", "q35"], ids=["qwen3_vl", "qwen3_5"])
+def q3_ckpt(request, towers, tmp_path_factory):
+    """(cfg, {"f32", "sharded", "bf16"}: the registry's tower saved by HF each way, its f32 and bf16 tensors)."""
     from safetensors.torch import load_file
 
-    cfg = request.param
-    root = tmp_path_factory.mktemp(cfg.variant)
-    model = build_hf_model(cfg, seed=11)
-    model.save_pretrained(root / "f32")
-    model.save_pretrained(root / "sharded", max_shard_size="20KB")
-    model.to(torch.bfloat16).save_pretrained(root / "bf16")
-    sd32 = {k: v.numpy() for k, v in load_file(root / "f32" / "model.safetensors").items()}
+    tower = towers[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    dirs = {"f32": tower.hf_dir, "sharded": root / "sharded", "bf16": root / "bf16"}
+    tower.hf.save_pretrained(dirs["sharded"], max_shard_size="20KB")
+    copy.deepcopy(tower.hf).to(torch.bfloat16).save_pretrained(dirs["bf16"])  # the shared model stays float32
+    sd32 = {k: v.numpy() for k, v in load_file(dirs["f32"] / "model.safetensors").items()}
     sd16 = {
-        k: v.view(torch.int16).numpy().view(np.uint16)
-        for k, v in load_file(root / "bf16" / "model.safetensors").items()
+        k: v.view(torch.int16).numpy().view(np.uint16) for k, v in load_file(dirs["bf16"] / "model.safetensors").items()
     }
-    return cfg, root, sd32, sd16
+    return tower.cfg, dirs, sd32, sd16
 
 
 def _prefix_of(sd):
@@ -291,9 +291,9 @@ def _prefix_of(sd):
 
 
 def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
-    cfg, root, sd32, sd16 = q3_ckpt
+    cfg, dirs, sd32, sd16 = q3_ckpt
     prefix = _prefix_of(sd32)
-    got_cfg, params = hf_read.read_hf_vision_params(root / "f32")
+    got_cfg, params = hf_read.read_hf_vision_params(dirs["f32"])
     assert got_cfg == cfg
     want = expected_q3(sd32, cfg, prefix)
     shapes = keys.expected_param_shapes(cfg)
@@ -311,14 +311,14 @@ def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
     else:
         assert not any(k.startswith("deepstack.") for k in shapes)
     # sharded: same params
-    _, sharded = hf_read.read_hf_vision_params(root / "sharded")
+    _, sharded = hf_read.read_hf_vision_params(dirs["sharded"])
     assert (
-        len(set(json.loads((root / "sharded" / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
+        len(set(json.loads((dirs["sharded"] / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
     )
     for k in want:
         np.testing.assert_array_equal(sharded[k], want[k], err_msg=k)
     # bf16 kept bit for bit through convert_checkpoint -> load_converted
-    out = convert.convert_checkpoint(root / "bf16", tmp_path / "ours16")
+    out = convert.convert_checkpoint(dirs["bf16"], tmp_path / "ours16")
     cfg16, p16, meta = convert.load_converted(out)
     assert cfg16 == cfg and meta["dtype"] == "bfloat16"
     for k, w in expected_q3(sd16, cfg, prefix).items():
@@ -327,13 +327,13 @@ def test_convert_qwen3_every_param_once(q3_ckpt, tmp_path):
 
 @pytest.mark.parametrize("prefix", ["visual.", "model.visual."])
 def test_convert_qwen3_hub_prefixes(q3_ckpt, tmp_path, prefix):
-    cfg, root, sd32, _ = q3_ckpt
+    cfg, dirs, sd32, _ = q3_ckpt
     old = _prefix_of(sd32)
     d = tmp_path / "hub"
     d.mkdir()
     tensors = {(prefix + k[len(old) :] if k.startswith(old) else k): v for k, v in sd32.items()}
     write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
-    shutil.copy(root / "f32" / "config.json", d / "config.json")
+    shutil.copy(dirs["f32"] / "config.json", d / "config.json")
     got_cfg, params = hf_read.read_hf_vision_params(d)
     assert got_cfg == cfg
     for k, w in expected_q3(sd32, cfg, old).items():
@@ -341,7 +341,7 @@ def test_convert_qwen3_hub_prefixes(q3_ckpt, tmp_path, prefix):
 
 
 def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
-    cfg, root, sd32, _ = q3_ckpt
+    cfg, dirs, sd32, _ = q3_ckpt
     prefix = _prefix_of(sd32)
 
     def variant(name, edit):
@@ -350,7 +350,7 @@ def test_convert_qwen3_strictness(q3_ckpt, tmp_path):
         tensors = dict(sd32)
         edit(tensors)
         write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
-        shutil.copy(root / "f32" / "config.json", d / "config.json")
+        shutil.copy(dirs["f32"] / "config.json", d / "config.json")
         return d
 
     with pytest.raises(CheckpointError, match="missing.*pos_embed.weight"):

@@ -9,56 +9,29 @@ a video and a mixed batch. Every HF parameter is re-initialised (norm weights !=
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 
 import jax
 import numpy as np
 import pytest
 import torch
-from conftest import make_image
-from hf_utils import assert_bf16_close, assert_fp32_close, build_hf_model, random_pixels
+from hf_utils import assert_bf16_close, assert_encode_images_equal_hf, assert_fp32_close, random_pixels, rel
+from sample_images import make_image
+from towers import HUB_PREPROCESSOR_QWEN3_VL, assert_compiled_dots_are_ideal, check_real_size
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import QWEN3_5, QWEN3_VL
 from qwen_vit_jax.plan.posembed import interpolation_indices_weights
-from qwen_vit_jax.presets import QWEN2_5_VL_3B, QWEN3_VL_8B
+from qwen_vit_jax.presets import QWEN2_5_VL_3B
 from qwen_vit_jax.runtime import cost
-from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_QWEN3
 
-CONFIGS = {
-    # head_dim 16, a 6 x 6 table, deepstack taps on inner blocks (1 and 2 of 4)
-    "qwen3_vl": dataclasses.replace(
-        QWEN3_VL_8B,
-        depth=4,
-        width=64,
-        num_heads=4,
-        intermediate_size=96,
-        out_dim=48,
-        num_position_embeddings=36,
-        deepstack_layers=(1, 2),
-    ),
-    # head_dim 24 (not a power of two, like the real 72), an 8 x 8 table
-    "qwen3_5": dataclasses.replace(
-        QWEN3_VL_8B,
-        variant=QWEN3_5,
-        depth=3,
-        width=48,
-        num_heads=2,
-        intermediate_size=80,
-        out_dim=32,
-        num_position_embeddings=64,
-        deepstack_layers=(),
-    ),
-}
+CONFIGS = {"qwen3_vl": "q3", "qwen3_5": "q35"}  # -> the registry's towers (tests/towers.py)
 GRIDS = {
     "small": [[1, 4, 4]],  # smaller than both table sides: downsampling
     "large": [[1, 10, 14]],  # larger than both: upsampling
     "video": [[3, 8, 6]],
     "mixed": [[1, 4, 4], [2, 8, 10], [1, 16, 12], [1, 2, 2], [1, 2, 18]],
 }
-# The hub's Qwen3-VL preprocessor_config.json (patch 16, mean / std 0.5, the budget as `size`).
-HUB_PREPROCESSOR = dict(HUB_PREPROCESSOR_QWEN3, processor_class="Qwen3VLProcessor")  # the hub's file
+HUB_PREPROCESSOR = HUB_PREPROCESSOR_QWEN3_VL  # the hub's file, in the towers' checkpoints
 
 
 def hf_outputs(hf, px, grid, **kw):
@@ -71,27 +44,21 @@ def hf_outputs(hf, px, grid, **kw):
     return out.pooler_output.float().numpy(), feats, out
 
 
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
-def case(request, tmp_path_factory):
-    """(cfg, HF model, converted dir holding the hub's preprocessor_config.json)."""
-    cfg = CONFIGS[request.param]
-    hf = build_hf_model(cfg, seed=21)
-    root = tmp_path_factory.mktemp(request.param)
-    hf.save_pretrained(root / "hf")
-    (root / "hf" / "preprocessor_config.json").write_text(json.dumps(HUB_PREPROCESSOR))
-    qvj.convert_checkpoint(root / "hf", root / "ours")
-    assert qvj.VisionConfig.from_hf(root / "hf") == cfg
-    return cfg, hf, root / "ours"
+def tower(request, towers):
+    return towers[CONFIGS[request.param]]
 
 
 @pytest.fixture(scope="module")
-def encoder(case):
-    # The ladder only: a repeated grid then runs the very same program (no tight bucket).
-    return qvj.VisionEncoder.from_pretrained(case[2], dtype="float32", tight_after=None)
+def case(tower):
+    """(cfg, HF model, converted dir holding the hub's preprocessor_config.json)."""
+    return tower.cfg, tower.hf, tower.ours
+
+
+@pytest.fixture(scope="module")
+def encoder(tower):
+    # The ladder only (the default): a repeated grid then runs the very same program (no tight bucket).
+    return tower.encoder()
 
 
 @pytest.mark.parametrize("grid", list(GRIDS))
@@ -169,32 +136,22 @@ def test_parity_bf16(case):
     px = random_pixels(cfg, grid, seed=7)
     ref, ref_feats, _ = hf_outputs(hf, px, grid)
     tokens, feats = enc.encode(px, grid, return_deepstack=True)
-    assert_bf16_close(tokens, ref)
-    for ours, want in zip(feats, ref_feats, strict=True):
+    for ours, want in zip([tokens, *feats], [ref, *ref_feats], strict=True):  # tokens, then each tap's features
         assert_bf16_close(ours, want)
 
 
 def test_encode_images_with_hub_preprocessor(case, encoder):
     """encode_images reads the checkpoint's preprocessor_config.json (the hub's Qwen3-VL file)
     and matches HF's processor configured from the same file, then HF's tower."""
-    import warnings
 
     from transformers import Qwen2VLImageProcessorPil
 
     cfg, hf, _ = case
     assert (encoder.preprocess.patch_size, encoder.preprocess.min_pixels) == (16, 65536)
     images = [make_image(200, 300, seed=1), make_image(300, 260, seed=2)]  # one below min_pixels
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proc = Qwen2VLImageProcessorPil(
-            **{k: v for k, v in HUB_PREPROCESSOR.items() if k not in ("processor_class", "image_processor_type")}
-        )
-        batch = proc(images)
-    px, grid = np.asarray(batch["pixel_values"]), np.asarray(batch["image_grid_thw"])
-    ref, _, _ = hf_outputs(hf, px, grid)
-    ours = encoder.encode_images(images)
-    assert [len(o) for o in ours] == [int(t * h * w) // 4 for t, h, w in grid]
-    assert_fp32_close(np.concatenate(ours), ref)
+    pre = {k: v for k, v in HUB_PREPROCESSOR.items() if k not in ("processor_class", "image_processor_type")}
+    tower = lambda *a: hf_outputs(*a)[0]  # noqa: E731 (HF's visual: the pooled tokens)
+    assert_encode_images_equal_hf(encoder, hf, lambda: Qwen2VLImageProcessorPil(**pre), images, tower)
 
 
 def test_plan_carries_the_position_table_plan(case):
@@ -220,9 +177,7 @@ def test_ideal_flops_counts_the_deepstack_mergers(case, encoder):
     """256 patches of one frame fill their bucket and its attention tiles exactly: the compiled
     dots are the ideal ones (the position gather is elementwise on both sides)."""
     cfg = case[0]
-    report = encoder.cost_report([[1, 16, 16]])
-    assert report["padded_patches"] == 256
-    assert report["flops_ratio"] == pytest.approx(1.0, rel=1e-12)
+    assert_compiled_dots_are_ideal(encoder)
     plain = dataclasses.replace(cfg, variant=QWEN3_5, deepstack_layers=())
     merge = 2 * (4 * cfg.width) ** 2 + 2 * 4 * cfg.width * cfg.out_dim
     assert cost.ideal_flops(cfg, [256], []) - cost.ideal_flops(plain, [256], []) == pytest.approx(
@@ -234,32 +189,10 @@ def test_ideal_flops_counts_the_deepstack_mergers(case, encoder):
 def test_parity_real_size_qwen3_vl(tmp_path):
     """The real Qwen3-VL tower (27 x 1152, head_dim 72, a 48 x 48 table, taps 8 / 16 / 24) on
     one image, fp32 and bf16, tokens and deepstack features."""
-    cfg = qvj.PRESETS["qwen3-vl-8b"]
-    t0 = time.perf_counter()
-    hf = build_hf_model(cfg, seed=7)
-    hf.save_pretrained(tmp_path / "hf")
-    grid = np.array([[1, 12, 20]])  # non-square (a swapped h / w would show), 240 patches: CI time
-    px = random_pixels(cfg, grid, seed=8)
-    ref, ref_feats, _ = hf_outputs(hf, px, grid)
-    del hf
-    enc = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="float32")
-    tokens, feats = enc.encode(px, grid, return_deepstack=True)
-    rel32, max32 = assert_fp32_close(tokens, ref)
-    ds32 = [assert_fp32_close(f, r) for f, r in zip(feats, ref_feats, strict=True)]
-    del enc
-    enc16 = qvj.VisionEncoder.from_pretrained(tmp_path / "hf", dtype="bfloat16")
-    tokens16, feats16 = enc16.encode(px, grid, return_deepstack=True)
-    cos16, rel16 = assert_bf16_close(tokens16, ref)
-    ds16 = [assert_bf16_close(f, r) for f, r in zip(feats16, ref_feats, strict=True)]
-    print(
-        f"\nqwen3-vl-8b fp32: rel Frobenius {rel32:.3g}, max abs / max|ref| {max32:.3g}; deepstack "
-        + ", ".join(f"{a:.3g} / {b:.3g}" for a, b in ds32)
+    grid = [[1, 12, 20]]  # non-square (a swapped h / w would show), 240 patches: CI time
+    check_real_size(
+        qvj.PRESETS["qwen3-vl-8b"], "qwen3-vl-8b", tmp_path, grid, lambda *a: hf_outputs(*a)[:2], deepstack=True
     )
-    print(
-        f"qwen3-vl-8b bf16: min token cosine {cos16:.5f}, rel {rel16:.3g}; deepstack "
-        + ", ".join(f"{a:.5f} / {b:.3g}" for a, b in ds16)
-    )
-    print(f"qwen3-vl-8b real-size test: {time.perf_counter() - t0:.1f} s")
 
 
 @pytest.mark.parametrize("variant", [QWEN3_VL, QWEN3_5])
@@ -289,6 +222,5 @@ def test_demo_random_checkpoint_loads_in_transformers(variant, tmp_path):
     px = random_pixels(cfg, grid, seed=2)
     ref, ref_feats, _ = hf_outputs(model, px, grid)
     tokens, feats = enc.encode(px, grid, return_deepstack=True)
-    assert_fp32_close(tokens, ref)
-    for ours, want in zip(feats, ref_feats, strict=True):
+    for ours, want in zip([tokens, *feats], [ref, *ref_feats], strict=True):  # tokens, then each tap's features
         assert_fp32_close(ours, want)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image
+from sample_images import make_image
 
 from qwen_vit_jax.preprocess import resize as R
 from qwen_vit_jax.preprocess.images import smart_resize

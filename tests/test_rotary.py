@@ -27,13 +27,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from prompt_configs import FAMILIES, config_dict
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.families import OMNI
 from qwen_vit_jax.prompt.config import RULES, config_from_dict
 from qwen_vit_jax.prompt.rope_config import frequency_axes
 from qwen_vit_jax.tools.hf_reference import _hf_classes
-from tests.test_positions import FAMILIES, config_dict
 
 # The text models of released checkpoints (their config.json's rotary fields), in the layout each
 # was published in: 4.4x top-level `rope_scaling` with "type": "mrope", or 5.x `rope_parameters`.

@@ -15,8 +15,8 @@ import tarfile
 
 import numpy as np
 import pytest
-from conftest import make_image
-from test_cli import WITHOUT_TORCH, assert_clean_error, main, run_processes
+from cli_runs import WITHOUT_TORCH, assert_clean_error, main, run_processes
+from sample_images import make_image
 
 from qwen_vit_jax.data import parquet
 from qwen_vit_jax.data.embeddings import read_embeddings
@@ -363,8 +363,7 @@ def test_sources_listing(tmp_path):
 
 
 # ---- Ray Data --------------------------------------------------------------------------------------------------
-def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference, tmp_path):
-    ray = pytest.importorskip("ray")
+def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference, tmp_path, ray_local):
     import qwen_vit_jax as qvj
 
     _, ckpt = tiny_dirs
@@ -383,22 +382,16 @@ def test_ray_stages_equal_encode_images_and_the_cli(capsys, tiny_dirs, reference
         for row, ref in zip(t.to_pylist(), reference):
             close(np.asarray(row["embedding"], np.float32), ref)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        ds = ray.data.read_parquet(str(tmp_path / "in.parquet"))
-        ds = ds.map_batches(
-            qvj.ray.preprocess, fn_kwargs={"checkpoint": str(ckpt)}, batch_format="pyarrow", batch_size=4
-        )
-        ds = ds.map_batches(
-            qvj.ray.Encoder,
-            fn_constructor_kwargs={"checkpoint": str(ckpt)},
-            concurrency=1,
-            batch_size=4,
-            batch_format="pyarrow",
-        )
-        rows = {r["id"]: r for r in ds.take_all()}
-    finally:
-        ray.shutdown()
+    ds = ray_local.data.read_parquet(str(tmp_path / "in.parquet"))
+    ds = ds.map_batches(qvj.ray.preprocess, fn_kwargs={"checkpoint": str(ckpt)}, batch_format="pyarrow", batch_size=4)
+    ds = ds.map_batches(
+        qvj.ray.Encoder,
+        fn_constructor_kwargs={"checkpoint": str(ckpt)},
+        concurrency=1,
+        batch_size=4,
+        batch_format="pyarrow",
+    )
+    rows = {r["id"]: r for r in ds.take_all()}
     cli = read_embeddings(cli_out)
     assert sorted(rows) == ids
     for i, key in enumerate(ids):

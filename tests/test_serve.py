@@ -27,7 +27,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 from qwen_vit_jax.serve.asgi import create_app
 from qwen_vit_jax.serve.settings import Settings

@@ -13,8 +13,8 @@ import io
 import httpx
 import numpy as np
 import pytest
-from conftest import make_image
 from PIL import Image
+from sample_images import make_image
 
 from qwen_vit_jax.serve.asgi import create_app
 from qwen_vit_jax.serve.settings import Settings

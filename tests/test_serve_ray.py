@@ -58,14 +58,12 @@ def test_serve_run_strings():
         parse_args({"max_queue": "3"})
 
 
-def test_ray_serve_answers_like_encode_images(tiny_dirs, request):
+def test_ray_serve_answers_like_encode_images(tiny_dirs, ray_local, request):
     import httpx
-    import ray
     from ray import serve
 
     blobs = [st.jpeg(56, 84, seed=1), st.jpeg(84, 56, seed=2)]
     port = st.free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": st.HOST, "port": port})
         serve.run(qvj.serve.app(str(tiny_dirs[1]), workers=0, num_gpus=0), name="qvj", route_prefix="/")
@@ -78,11 +76,9 @@ def test_ray_serve_answers_like_encode_images(tiny_dirs, request):
         assert st.metrics(url)["qvj_requests_total{status=200}"] == 2
         assert httpx.post(url + st.ROUTE, content=b"{", timeout=60).status_code == 400
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.shutdown()  # the session's Ray stays for the other tests
     data = r.json()["data"]
     assert [d["index"] for d in data] == [0, 1]
-    # the reference once Ray is down: jax starts its threads here only after Ray forked its processes
     refs = request.getfixturevalue("tiny_encoder").encode_images([load_image(b) for b in blobs])
     for d, ref in zip(data, refs):
         emb = np.asarray(d["embedding"], np.float32)

@@ -12,7 +12,7 @@ import socket
 import jax
 import numpy as np
 import pytest
-from conftest import make_image
+from sample_images import make_image
 
 import qwen_vit_jax as qvj
 from qwen_vit_jax.weights.safetensors_io import read_safetensors, write_safetensors

@@ -10,8 +10,8 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import make_image
-from test_cli import assert_clean_error, main, run
+from cli_runs import assert_clean_error, main, run
+from sample_images import make_image
 
 from benchmarks.workloads import clips as video_samples
 from qwen_vit_jax.data.embeddings import read_embeddings

@@ -30,10 +30,11 @@ CHUNK = 1 << 20  # bytes of answer text encoded and sent at a time
 SAFETENSORS = "application/vnd.safetensors"
 
 
-async def json_answer(items, results, fmt: str, deepstack: bool, on_done=None):
+async def json_answer(items, results, fmt: str, deepstack: bool, on_done=None, vllm_ids=None):
     """The JSON answer: {"object": "list", "data": [{"object", "index", "embedding", "shape",
-    "grid_thw", "timestamps", "sha256", "cached"(, "deepstack")}], "usage": {...}}, in pieces.
-    `on_done(seconds)`: called once the last piece is out."""
+    "grid_thw", "timestamps", "sha256", "cached"(, "vllm_id")(, "deepstack")}], "usage": {...}}, in
+    pieces. `on_done(seconds)`: called once the last piece is out. `vllm_ids`: each item's identifier
+    in vLLM's store (--vllm-store)."""
     t0, tokens = time.perf_counter(), 0
     yield b'{"object":"list","data":['
     for i, (item, (r, cached)) in enumerate(zip(items, results)):
@@ -47,6 +48,8 @@ async def json_answer(items, results, fmt: str, deepstack: bool, on_done=None):
             "sha256": item.digest,
             "cached": cached,
         }
+        if vllm_ids is not None:
+            head["vllm_id"] = vllm_ids[i]
         yield (b"," if i else b"") + orjson.dumps(head)[:-1] + b',"embedding":'
         async for piece in _array(r.embedding, fmt):
             yield piece
@@ -85,7 +88,7 @@ async def _array(a, fmt: str):
     yield b"]"
 
 
-def safetensors_file(items, results, checkpoint: str, dtype: str, preprocessing):
+def safetensors_file(items, results, checkpoint: str, dtype: str, preprocessing, vllm_ids=None):
     """The answer as the embeddings file `qvj.read_embeddings` reads, written to a temporary file
     that is unlinked at once: an open binary file to stream (closing it frees the disk)."""
     from qwen_vit_jax.data.embeddings import Embeddings, run_metadata, write_embeddings
@@ -96,7 +99,13 @@ def safetensors_file(items, results, checkpoint: str, dtype: str, preprocessing)
         np.stack([np.asarray(r.grid, np.int64) for r, _ in results]),
         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         [f"input {i}" for i in range(len(items))],
-        run_metadata(checkpoint, dtype, preprocessing, sha256=[it.digest for it in items]),
+        run_metadata(
+            checkpoint,
+            dtype,
+            preprocessing,
+            sha256=[it.digest for it in items],
+            **({"vllm_id": vllm_ids} if vllm_ids is not None else {}),
+        ),
         np.concatenate([np.asarray(r.timestamps, np.float64) for r, _ in results]),
     )
     with tempfile.TemporaryDirectory(prefix="qvj-serve-") as d:

@@ -190,6 +190,15 @@ async def _embeddings(request: Request, service: Service, s: Settings, authorize
             raise
     finally:
         service.release(n)
+    ids = None
+    if service.vllm is not None:  # each item in vLLM's store before the answer says so
+        try:
+            ids = await asyncio.to_thread(service.vllm.put_results, req.items, [r for r, _ in results])
+        except OSError as e:  # a full or read-only store: the server's fault, and no answer claims an item
+            log.error("writing vLLM's store failed: %s", e)
+            failed = errors.Internal("the embeddings could not be written to vLLM's store (logged by the server)")
+            m.items.labels(statuses.label(failed)).inc(n)
+            raise failed from None
     for _, cached in results:
         m.items.labels("cached" if cached else "ok").inc()
     m.resized.inc(req.resized)
@@ -200,10 +209,10 @@ async def _embeddings(request: Request, service: Service, s: Settings, authorize
     if safetensors:
         name = checkpoint_name(s.checkpoint)  # its folder's name, never the server's path
         f = await asyncio.to_thread(
-            answers.safetensors_file, req.items, results, name, service.enc.dtype, service.preprocessing
+            answers.safetensors_file, req.items, results, name, service.enc.dtype, service.preprocessing, ids
         )
         return StreamingResponse(answers.file_answer(f, responded), media_type=SAFETENSORS)
-    stream = answers.json_answer(req.items, results, req.fmt, req.deepstack, responded)
+    stream = answers.json_answer(req.items, results, req.fmt, req.deepstack, responded, ids)
     return StreamingResponse(stream, media_type="application/json")
 
 

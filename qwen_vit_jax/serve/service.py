@@ -75,6 +75,7 @@ class Service:
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
         self.enc = self.pool = self.batcher = self.disk = self.bound = self.preprocessing = None
+        self.vllm = None  # the StoreWriter of --vllm-store (vllm/store.py)
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
@@ -120,6 +121,10 @@ class Service:
             self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
             self.metrics.programs.set_function(lambda: enc.compile_count)
             self.metrics.compile_seconds.set_function(lambda: sum(enc.compile_seconds.values()))
+            if s.vllm_store:
+                from qwen_vit_jax.vllm.flags import writer
+
+                self.vllm = writer(s.vllm_store, s.vllm_ids, s.vllm_model, enc.cfg)
             self.enc = enc
         except Exception as e:  # noqa: BLE001 (reported by /readyz and the log; the process stays up)
             self.error = f"{type(e).__name__}: {e}"
@@ -194,6 +199,7 @@ class Service:
         """Every item's (Result, cached), in order. The first item that fails raises its error
         (an errors.Error, its message naming it: `input[i]: ...`) and withdraws the others;
         cancelling withdraws them all."""
+        deepstack = deepstack or (self.vllm is not None and self.vllm.needs_deepstack)  # the store holds them
         tasks = [asyncio.ensure_future(self._one(it, deepstack)) for it in items]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -18,6 +18,8 @@ import dataclasses
 import ipaddress
 import pathlib
 
+from qwen_vit_jax.vllm import flags as vllm_flags
+
 LOOPBACK_NAMES = ("localhost",)
 DEFAULT_MAX_ITEMS = 64
 KiB, MiB = 1 << 10, 1 << 20
@@ -189,6 +191,20 @@ class Settings:
         "compile the batch shapes of the --declare sizes before ready (default: on with --compile-cache)",
         parse=_bool,
     )
+    # vLLM's encoder-cache store (docs/vllm.md): every answered item written there first, its
+    # identifier in the answer ("vllm_id")
+    vllm_store: str | None = knob(
+        None, "--vllm-store", "also write every answered item into vLLM's encoder-cache store", metavar="STORE"
+    )
+    vllm_ids: str = knob(
+        "sha256",
+        "--vllm-ids",
+        "store ids: sha256 of the bytes (default) or vLLM's own of images (with --vllm-model)",
+        choices=vllm_flags.RULES,
+    )
+    vllm_model: str | None = knob(
+        None, "--vllm-model", "the model exactly as vLLM is started with it (for --vllm-ids vllm)", metavar="MODEL"
+    )
 
     def __post_init__(self):
         def put(name, value):
@@ -232,6 +248,7 @@ class Settings:
             if len(g) != 3 or min(g) <= 0:
                 raise ValueError(f"declare holds {g!r}: each size is (t, h, w) in patches, all positive")
         self._refuse_contradictions()
+        vllm_flags.check(self.vllm_store, self.vllm_ids, self.vllm_model)
         if self.api_key_file is None and not is_loopback(self.host):
             raise ValueError(
                 f"binding {self.host!r} (not loopback) requires an API key: --api-key-file FILE "

@@ -169,7 +169,8 @@ checkpoint's HF processor configs. What is done is saved every --save-every
 seconds: .safetensors and .npz hold every embedding in memory and rewrite OUT
 whole at each save, .parquet writes as it goes (the format for long runs). One
 run writes an OUT at a time. In full (inputs, output layout, --resume, caches,
-faults, several processes): docs/encode.md.
+faults, several processes): docs/encode.md. With --vllm-store STORE every input
+also goes into vLLM's encoder-cache store, -o then optional: docs/vllm.md.
 """
 
 VERIFY_HELP = """\

@@ -31,6 +31,7 @@ from qwen_vit_jax.tools.args import (
     in_flags,
     load_encoder,
 )
+from qwen_vit_jax.vllm import flags as vllm_flags
 
 # Below this many inputs the default prepares them in this process (a background thread) instead of
 # starting worker processes: a worker's start-up (Python, then Grain, which imports jax) outweighs the
@@ -53,7 +54,8 @@ def add_parser(sub, fmt) -> None:
         description=ENCODE_HELP,
         epilog=f"examples:\n  {PROG} encode q3b photos/ clip.mp4 -o emb.safetensors --fps 2\n"
         f"  {PROG} encode q3b 'shards/*.tar' -o emb.parquet --cache emb_cache/\n"
-        f"  {PROG} encode q3b laion.parquet --key-column url -o emb.parquet",
+        f"  {PROG} encode q3b laion.parquet --key-column url -o emb.parquet\n"
+        f"  {PROG} encode q3b photos/ --vllm-store /shared/ec_store   (docs/vllm.md)",
     )
     add_checkpoint(p)
     p.add_argument(
@@ -63,7 +65,7 @@ def add_parser(sub, fmt) -> None:
         help="files, folders, .tar, .parquet, hf:NAME, globs",
     )
     g = p.add_argument_group("output")
-    g.add_argument("-o", "--output", metavar="OUT", required=True, help="the file: .safetensors, .npz or .parquet")
+    g.add_argument("-o", "--output", metavar="OUT", help="the file: .safetensors, .npz or .parquet")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="keep what OUT holds, encode the missing inputs")
     add_overwrite(mode, "OUT")
@@ -76,6 +78,7 @@ def add_parser(sub, fmt) -> None:
         default=SAVE_EVERY_S,
         help=f"save what is done every S seconds ({SAVE_EVERY_S:.0f})",
     )
+    vllm_flags.add_flags(g)  # vLLM's encoder-cache store, with or without -o (docs/vllm.md)
     g = p.add_argument_group("inputs")
     g.add_argument("--recursive", action="store_true", help="also search the sub-folders of folder inputs")
     g.add_argument("--image-column", metavar="NAME", default="image", help="parquet / dataset image column (image)")
@@ -116,15 +119,27 @@ def _command(args, held: contextlib.ExitStack) -> int:
     from qwen_vit_jax.data.sources import duplicate_keys, expand, need_pyarrow, suffixes
     from qwen_vit_jax.runtime import multihost
 
-    out = pathlib.Path(args.output)
-    if check_suffix(out) == ".parquet":
+    if args.output is None and args.vllm_store is None:  # a usage error, in argparse's words and status
+        print(
+            f"{PROG} encode: error: the following arguments are required: -o/--output (or --vllm-store)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    vllm_flags.check(args.vllm_store, args.vllm_ids, args.vllm_model)
+    out = pathlib.Path(args.output) if args.output else None  # None: the store alone
+    if out is None and (args.resume or args.overwrite):
+        raise CommandError("--resume and --overwrite are about -o OUT; the store's items are replaced as they come")
+    if out is not None and check_suffix(out) == ".parquet":
         need_pyarrow(f"-o {out}")
-    if not out.parent.is_dir():
+    if out is not None and not out.parent.is_dir():
         raise CommandError(f"output folder not found: {out.parent}")
-    try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
-        tempfile.TemporaryFile(dir=out.parent).close()
-    except OSError as e:
-        raise CommandError(f"output folder {out.parent} is not writable ({e.strerror})") from None
+    if args.vllm_store:
+        os.makedirs(args.vllm_store, exist_ok=True)
+    for folder in [*([out.parent] if out else []), *([args.vllm_store] if args.vllm_store else [])]:
+        try:  # fail now, not after encoding everything: OUT is written as a temporary sibling
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            raise CommandError(f"output folder {folder} is not writable ({e.strerror})") from None
     for flag in ("batch_patches", "num_frames", "max_frames", "fps"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise CommandError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
@@ -137,18 +152,18 @@ def _command(args, held: contextlib.ExitStack) -> int:
     # before anything touches a device: jax.distributed must start first
     cluster = multihost.initialize(args.coordinator, args.num_processes, args.process_id, args.distributed)
     sharded = cluster.count > 1
-    if sharded and out.exists():
+    if sharded and out is not None and out.exists():
         raise CommandError(
             f"{out} exists as a single file, which read_embeddings({out.name}) would read instead "
             "of this run's shards: move or delete it"
         )
-    target = shard_path(out, cluster.index, cluster.count) if sharded else out  # what this process writes
+    target = shard_path(out, cluster.index, cluster.count) if sharded and out else out  # what this process writes
     # One writer per output: a second run on it stops here, before it reads or removes anything.
-    lock = held.enter_context(output_lock(target))
-    if lock.note:
+    lock = held.enter_context(output_lock(target)) if out else None  # (a store takes many writers)
+    if lock and lock.note:
         print(lock.note, file=sys.stderr)
     # Every process checks every shard, so that all of them stop here together (on a shared file system).
-    shards = [shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]
+    shards = ([shard_path(out, i, cluster.count) for i in range(cluster.count)] if sharded else [out]) if out else []
     found = [p for s in shards for p in (s, parquet.parts_dir(s)) if p.exists()]
     if found and not (args.resume or args.overwrite):
         what = "an interrupted run's parts" if found[0].suffix == ".parts" else "it"
@@ -178,7 +193,16 @@ def _command(args, held: contextlib.ExitStack) -> int:
     # a directory by its absolute path, a hub id (not a path) as given
     ckpt = str(pathlib.Path(args.checkpoint).resolve()) if os.path.exists(args.checkpoint) else args.checkpoint
     meta = run_metadata(ckpt, enc.dtype, prep)
-    sink = open_sink(target, meta, enc.cfg.out_dim, args.resume)
+    sink = open_sink(target, meta, enc.cfg.out_dim, args.resume) if out else None
+    if args.vllm_store:  # every row into the store too (vllm/sink.py), deepstack features included
+        from qwen_vit_jax.vllm.sink import StoreSink, with_deepstack
+
+        if enc.cfg.deepstack_layers and args.cache:
+            raise CommandError("--cache holds no deepstack features, which --vllm-store needs for this tower")
+        writer = vllm_flags.writer(args.vllm_store, args.vllm_ids, args.vllm_model, enc.cfg)
+        sink = StoreSink(writer, sink, out_dim=enc.cfg.out_dim, records=records)
+        enc = with_deepstack(enc) if writer.needs_deepstack else enc
+    target = target or pathlib.Path(args.vllm_store)  # what the messages name
     held = Counter(sink.done)  # keys, counted: with --allow-duplicate-keys a key may stand for several inputs
     if args.resume and sharded:  # what the other processes' shards hold is done too
         for i in range(cluster.count):
@@ -243,7 +267,7 @@ def _command(args, held: contextlib.ExitStack) -> int:
     )
     if sharded:
         multihost.barrier("qwen_vit_jax encode: all shards written")
-        if cluster.index == 0:
+        if cluster.index == 0 and out is not None:
             write_index(out, cluster.count)
             print(
                 f"index: {index_path(out)} lists the {cluster.count} shards; read them with "
