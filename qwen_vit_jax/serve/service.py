@@ -9,8 +9,9 @@ fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-mem
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
 a preparation worker (prepare.py: its header, then its pieces) -> the batcher (batcher.py), a
 piece at a time -> the caches. A video's pieces (frame groups of at most the patch budget) enter
-the batcher as they are decoded, at most two of an item waiting there at once: a long video holds a
-few groups of memory and takes its turn on the device group by group beside other requests. One
+the batcher as they are decoded, one of an item there at a time (the next decoded meanwhile): a
+long video holds a few groups of memory and takes its turn on the device group by group beside
+other requests. One
 `preprocessing` serves the workers and the keys: what an item is prepared with is what its key says.
 Before a frame is decoded, a video's frames are bounded in pixels (max_image_pixels, as an image),
 in patches (the per-item bound), in count (max_frames: a longer clip is sampled down to it) and its
@@ -45,7 +46,9 @@ from qwen_vit_jax.serve.cache import DiskCache, MemoryLRU, Result
 from qwen_vit_jax.serve.prepare import END, Job, Limits, WorkerDied, preparation_pool
 from qwen_vit_jax.serve.settings import Settings, flag
 
-IN_FLIGHT = 2  # a video's pieces waiting in the batcher at once: the next is decoded meanwhile
+# A video's pieces in the batcher at once: one, the next decoded meanwhile, so that an item that
+# arrives while a long video runs waits for one piece's call, not two (benchmarks: long_video suite).
+IN_FLIGHT = 1
 
 log = logging.getLogger("qwen_vit_jax.serve")
 
@@ -274,7 +277,7 @@ class Service:
                 if getattr(piece, "error", None) is not None:  # a video that fails after some pieces
                     raise _refused(item.kind, piece)
                 jobs.append(self._submit(piece, cfg, head, deepstack, waited))
-                if len(jobs) >= IN_FLIGHT:  # the next piece is decoded while these wait
+                if len(jobs) >= IN_FLIGHT:  # the next piece is decoded while this one waits and runs
                     await asyncio.wait([asyncio.wrap_future(jobs[-IN_FLIGHT].future)])
             r = _whole(head, [await asyncio.wrap_future(j.future) for j in jobs])
         except asyncio.CancelledError:
