@@ -27,26 +27,25 @@ def clip(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["qwen2.5-vl", "qwen3-vl"])
-def tower(request, tiny_dirs, tmp_path_factory):
-    """(hf_dir, converted_dir, an encoder of BUDGET patches per call) of a tiny tower."""
-    from qwen_vit_jax import VisionEncoder, convert_checkpoint
-    from qwen_vit_jax.tools.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
+def tower(request, tiny_dirs, towers):
+    """(HF's model of a tiny tower, an encoder of ours of BUDGET patches per call): the session's
+    demo tower (Qwen2.5-VL) and the registry's Qwen3-VL tower (tests/towers.py)."""
+    from qwen_vit_jax import VisionEncoder
+    from qwen_vit_jax.tools.hf_reference import load_hf_vision_tower
 
     if request.param == "qwen2.5-vl":
-        hf, ckpt = tiny_dirs
+        hf, ckpt = load_hf_vision_tower(tiny_dirs[0]), tiny_dirs[1]
     else:
-        root = tmp_path_factory.mktemp("q3")
-        hf = write_random_hf_checkpoint(TINY_QWEN3_VL, root / "hf", seed=3)
-        ckpt = convert_checkpoint(hf, root / "converted")
-    return hf, ckpt, VisionEncoder.from_pretrained(ckpt, max_batch_patches=BUDGET)
+        hf, ckpt = towers["q3"].hf, towers["q3"].ours
+    return hf, VisionEncoder.from_pretrained(ckpt, max_batch_patches=BUDGET)
 
 
 def test_groups_equal_the_whole_clip_and_hf(tower, clip):
     from hf_utils import assert_fp32_close
 
-    from qwen_vit_jax.tools.hf_reference import hf_visual, load_hf_vision_tower
+    from qwen_vit_jax.tools.hf_reference import hf_visual
 
-    hf, _, enc = tower
+    hf, enc = tower
     pv, grid, ts = preprocess_video(clip, config=enc.video_preprocess, fps=4.0)  # HF's float rows
     t, h, w = grid[0].tolist()
     chunks = list(enc.iter_video(clip, fps=4.0))
@@ -62,7 +61,7 @@ def test_groups_equal_the_whole_clip_and_hf(tower, clip):
     assert ours.shape == whole.shape
     assert np.linalg.norm(ours - whole) <= 1e-6 * np.linalg.norm(whole)
     np.testing.assert_array_equal(enc.encode_video(clip, fps=4.0), ours)  # the same groups, the same bits
-    assert_fp32_close(ours, hf_visual(load_hf_vision_tower(hf), pv, grid))
+    assert_fp32_close(ours, hf_visual(hf, pv, grid))
 
 
 @pytest.mark.parametrize("workers, suffix", [(0, ".safetensors"), (1, ".parquet")])

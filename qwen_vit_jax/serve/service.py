@@ -7,7 +7,8 @@
 An item's way: its key (its bytes' sha256, hashed with the request's parsing, and the settings
 fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-memory LRU -> an
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
-a preparation worker (prepare.py: its header, then its pieces) -> the batcher (batcher.py), a
+a preparation worker (prepare.py: its header, then its pieces; videos have workers of their own, so
+an image never waits behind a video's decoding) -> the batcher (batcher.py), a
 piece at a time -> the caches. A video's pieces (frame groups of at most the patch budget) enter
 the batcher as they are decoded, one of an item there at a time (the next decoded meanwhile): a
 long video holds a few groups of memory and takes its turn on the device group by group beside
@@ -77,7 +78,7 @@ class Service:
     def __init__(self, settings: Settings, metrics):
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
-        self.enc = self.pool = self.batcher = self.disk = self.bound = self.preprocessing = None
+        self.enc = self.pool = self.video_pool = self.batcher = self.disk = self.bound = self.preprocessing = None
         self.vllm = None  # the StoreWriter of --vllm-store (vllm/store.py)
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
@@ -117,9 +118,13 @@ class Service:
             from qwen_vit_jax.serve.batcher import Batcher
 
             self.pool = preparation_pool(self.preprocessing, limits, budget, s.workers, self.metrics.replaced.inc)
+            # videos in workers of their own: an image never waits behind a long video's decoding
+            videos = max(s.workers // 2, 1) if s.workers else 0
+            self.video_pool = preparation_pool(self.preprocessing, limits, budget, videos, self.metrics.replaced.inc)
             self.pool.wait_started()
+            self.video_pool.wait_started()
             self.batcher = Batcher(enc, budget, s.max_wait_ms / 1000, self.metrics)
-            self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
+            self.metrics.waiting.labels("prepare").set_function(lambda: self.pool.waiting() + self.video_pool.waiting())
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
             self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
             self.metrics.programs.set_function(lambda: enc.compile_count)
@@ -168,8 +173,9 @@ class Service:
         self.ready = False
         if self.batcher is not None:
             self.batcher.close()
-        if self.pool is not None:
-            self.pool.close()
+        for pool in (self.pool, self.video_pool):
+            if pool is not None:
+                pool.close()
 
     # ---- admission -----------------------------------------------------------------------------
     def check_room(self) -> None:
@@ -260,7 +266,8 @@ class Service:
                 return r, True
         m.cache.labels("miss").inc()
         t0 = time.perf_counter()
-        task = self.pool.submit(Job("", item.payload, item.kind, item.fps, item.digest))
+        pool = self.video_pool if item.kind == "video" else self.pool
+        task = pool.submit(Job("", item.payload, item.kind, item.fps, item.digest))
         jobs: list = []
         try:
             head = await _next(task)
