@@ -94,6 +94,12 @@ SUITES = {
             "a clip decoded, sampled and preprocessed: ours vs HF's processor",
         ),
         Suite(
+            "long_video",
+            "Video",
+            "Long videos: encode's memory, the service's other clients",
+            "`encode` of 1-10 minute clips: peak RSS, frames/s; an image beside a long video in `serve`",
+        ),
+        Suite(
             "positions",
             "Positions and splice vs HF",
             "Six requests",

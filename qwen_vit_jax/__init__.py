@@ -7,6 +7,8 @@
     embs = enc.encode_images(images)              # one [tokens, out_dim] array per image
     pv, thw = qvj.preprocess_images(images)
     pv, thw, ts = qvj.preprocess_video("clip.mp4", fps=2.0)   # decode + sample as HF's video processors
+    for chunk in enc.iter_video("clip.mp4", fps=2.0):  # qvj.VideoChunk: a group of frames at a time
+        chunk.embeddings, chunk.grid_thw, chunk.timestamps, chunk.first_frame
     enc = qvj.VisionEncoder.from_pretrained(out_dir, devices=jax.local_devices())  # several devices
     e = qvj.read_embeddings("emb.safetensors")    # what `qwen-vit-jax encode` wrote (or its shards)
 
@@ -38,6 +40,7 @@ _EXPORTS = {
     "VisionConfig": "config",
     "convert_checkpoint": "weights.convert",
     "VisionEncoder": "runtime.encoder",
+    "VideoChunk": "runtime.video",
     "enable_compilation_cache": "runtime.program",
     "Embeddings": "data.embeddings",
     "read_embeddings": "data.embeddings",

@@ -230,7 +230,7 @@ def test_one_grouping_rule_serves_every_caller():
         name = "qwen_vit_jax." + rel[:-3].replace("/", ".")
         assert "qwen_vit_jax.runtime.batching" in GRAPH[name], f"{rel} does not group with runtime/batching.py"
         used = _names(ROOT / rel)
-        assert "Grouping" in used and used & {"pack", "take", "joins"}, f"{rel} does not use Grouping"
+        assert "Grouping" in used and used & {"pack", "take", "joins", "Packer"}, f"{rel} does not use Grouping"
     pieces = {"frame_class", "batch_rows", "make_batch_plan", "batch_plans"}
     for name, path in MODULES.items():
         if _layer(name)[0] not in ("runtime", "plan"):

@@ -16,7 +16,7 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.image_utils import SizeDict
 from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as hf_mod
 
-from qwen_vit_jax.preprocess.config import PreprocessConfig
+from qwen_vit_jax.preprocess.config import VIDEO_DEFAULT, PreprocessConfig
 from qwen_vit_jax.preprocess.images import preprocess_images, smart_resize
 from qwen_vit_jax.preprocess.video import preprocess_video
 from qwen_vit_jax.tools.demo import HUB_PREPROCESSOR_QWEN3
@@ -394,10 +394,11 @@ def test_video_two_equal_frames_is_the_image():
 
 def test_video_pixel_range_and_modes():
     frames = [Image.fromarray(rand_img(360, 640, seed=40 + i)).convert("L") for i in range(3)]
-    lo, hi = 128 * 28 * 28, 768 * 28 * 28  # HF's video-processor defaults: preprocess_video's too
-    pv, grid, _ = preprocess_video(frames)
+    lo, hi = 128 * 28 * 28, 768 * 28 * 28  # HF's video-processor class defaults
+    pv, grid, _ = preprocess_video(frames, config=VIDEO_DEFAULT)
     assert_same((pv, grid), hf_video_reference(frames, lo, hi))
-    assert_same(preprocess_video(frames, lo // 2, hi // 2)[:2], hf_video_reference(frames, lo // 2, hi // 2))
+    half = preprocess_video(frames, lo // 2, hi // 2, config=VIDEO_DEFAULT)[:2]
+    assert_same(half, hf_video_reference(frames, lo // 2, hi // 2))
 
 
 def test_video_bad_input():

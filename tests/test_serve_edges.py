@@ -132,7 +132,7 @@ def test_a_streamed_answer_holds_every_float_exactly():
 
     from qwen_vit_jax.serve.answers import json_answer
     from qwen_vit_jax.serve.cache import Result
-    from qwen_vit_jax.serve.service import Item
+    from qwen_vit_jax.serve.service import Input
 
     rng = np.random.default_rng(0)
     nan = np.array([np.nan])
@@ -140,7 +140,7 @@ def test_a_streamed_answer_holds_every_float_exactly():
         (Result(np.array([1, 2, 2]), rng.standard_normal((n, 96)).astype(np.float32), nan), False)
         for n in (1, 300, 7000)
     ]
-    item = Item("image", b"", "ab")
+    item = Input("image", b"", "ab")
 
     async def streamed(fmt):
         return b"".join([p async for p in json_answer([item] * 3, results, fmt, False)])

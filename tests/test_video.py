@@ -182,15 +182,19 @@ def test_smart_resize_3d_budget_is_the_whole_clip():
     assert frame_size(8, 360, 640, cfg) < frame_size(2, 360, 640, cfg)
 
 
-def test_default_config_gives_timestamps(clips):
-    """A call without config follows Qwen2.5-VL's processor: a file at fps 2 comes back with the
-    seconds of each temporal patch (HF's second_per_grid_ts apart), as `encode` of that clip with the
-    demo's tower gives, where Qwen2-VL's config (VIDEO_DEFAULT) gives None; frames and sizes are the same."""
-    from qwen_vit_jax.preprocess.config import video_config_for
+def test_default_config_gives_timestamps(clips, tiny_encoder):
+    """A call without config follows a released Qwen2.5-VL checkpoint (the hub's pixel range, HF's
+    video processor, Qwen2.5-VL's timestamps): what `encode` holds for the demo's tower, which ships
+    that preprocessor_config.json. A file at fps 2 comes back with the seconds of each temporal patch
+    (HF's second_per_grid_ts apart), where Qwen2-VL's sampler gives None; frames and sizes the same."""
     from qwen_vit_jax.preprocess.video import DEFAULT_CONFIG
 
-    assert DEFAULT_CONFIG == dataclasses.replace(VIDEO_DEFAULT, video_sampler="qwen2.5-vl")
-    assert DEFAULT_CONFIG == video_config_for(None, "qwen2_5_vl")
+    assert DEFAULT_CONFIG == tiny_encoder.video_preprocess
+    assert (DEFAULT_CONFIG.min_pixels, DEFAULT_CONFIG.max_pixels, DEFAULT_CONFIG.video_sampler) == (
+        3136,
+        12845056,
+        "qwen2.5-vl",
+    )
     (case,) = [
         c
         for c in REFERENCE["cases"]
@@ -198,9 +202,10 @@ def test_default_config_gives_timestamps(clips):
     ]
     path = clips["h264_330x250_24fps_5s"]
     pv, grid, ts = preprocess_video(path, fps=2.0)
-    assert grid[0, 0] == case["grid_thw"][0] == 5  # the sizes differ: the class defaults' pixel range, not the hub's
+    assert grid[0].tolist() == case["grid_thw"] and grid[0, 0] == 5  # the hub's config: HF's grid
     assert ts.tolist() == [i * case["second_per_grid_ts"] for i in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
-    pv2, grid2, ts2 = preprocess_video(path, fps=2.0, config=VIDEO_DEFAULT)  # Qwen2-VL: the model reads no time
+    qwen2 = dataclasses.replace(DEFAULT_CONFIG, video_sampler="qwen2-vl")  # Qwen2-VL: the model reads no time
+    pv2, grid2, ts2 = preprocess_video(path, fps=2.0, config=qwen2)
     assert ts2 is None and grid2.tolist() == grid.tolist()
     np.testing.assert_array_equal(pv, pv2)
     frames = decode_all(path)  # decoded frames: the seconds need their rate

@@ -5,9 +5,13 @@ that prepares the inputs (`qvj.data.load`). Read in this order:
                    load_image), patch counts from headers.
   sources.py       datasets as records: files, folders, webdataset shards, parquet files, HF
                    datasets, globs; reading a record's bytes in a worker.
+  items.py         one input, prepared: `Job` -> `prepare` -> `Item` (kind, sha256, grid,
+                   timestamps, pieces: a long video's frame groups decoded as they are read); the
+                   one item path of encode, serve and Ray.
+  workers.py       worker processes: how many by default, the one start-up, `WorkerPool` (jobs
+                   whose messages stream back in order; the service's pool, encode's video stream).
   pipeline.py      the Grain pipeline: read -> decode -> resize -> uint8 patches in worker
-                   processes, in input order (`load`, `Loader`, `Item`), each item's sha256.
-  workers.py       how many worker processes by default (encode and serve alike).
+                   processes, in input order (`load`, `Loader`, `Item`); long videos streamed.
   stream.py        a progress bar; counts in words.
   embeddings.py    the embeddings file (safetensors / npz / parquet) and its sharded form (one per
                    process).
@@ -16,7 +20,7 @@ that prepares the inputs (`qvj.data.load`). Read in this order:
                    file being resumed holds.
   cache.py         the content-hash cache (--cache DIR): entries keyed by checkpoint, dtype,
                    preprocessing and the bytes' sha256, checksummed.
-  encode_files.py  the encode loop: items packed into calls, identical inputs encoded once, periodic
+  encode_files.py  the encode loop: pieces packed into calls, identical inputs encoded once, periodic
                    saves, resuming, skipping unreadable inputs, Ctrl-C and dead workers.
   ray_data.py      Ray Data's stages (`qvj.ray.preprocess`, `qvj.ray.Encoder`).
 

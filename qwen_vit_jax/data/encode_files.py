@@ -7,7 +7,13 @@ Content-hash dedupe: every item carries the sha256 of its bytes. An input whose 
 met before is not encoded: its row copies the first one's (the same bytes, preprocessing, checkpoint
 and dtype give the same embedding). With a cache (cache.py's `ContentCache`, keyed by the bytes and
 the item's kind and settings) an input some earlier run encoded is read back, and every input this
-run encodes is added to it. Which inputs share a call is runtime/batching.py's `Grouping`.
+run encodes is added to it. Which inputs share a call is runtime/batching.py's `Grouping`, and its
+`Packer` makes the calls.
+
+A long video goes through in pieces, frame groups of at most the patch budget decoded by a worker as
+they are encoded (pipeline.py): a run holds a few groups of frames, never a video, and its progress
+counts the frames of the video being read. The rows a format holds until the end (.safetensors and
+.npz: every row; .parquet: a row group) are the only memory that grows with the run.
 
 Nothing here is half-written: OUT is only ever replaced whole, with the inputs finished so far,
 whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process. A full disk or a
@@ -24,30 +30,34 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from qwen_vit_jax.data.inputs import EncodeError
-from qwen_vit_jax.data.pipeline import Item, WorkerError, load
+from qwen_vit_jax.data.pipeline import Item, PieceError, WorkerError, load
 from qwen_vit_jax.data.sinks import SAVE_EVERY_S, open_sink
 from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.files import DiskFull, disk_full
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
-from qwen_vit_jax.runtime.batching import Grouping, join, shape_of, split
+from qwen_vit_jax.runtime.batching import Grouping, Packer
 
 
 @dataclasses.dataclass(frozen=True)
 class Update:
     """What `encode_files` tells its `progress` callback: `done` of `total` inputs are done (encoded,
     copied, or read from the cache; an input that failed is never shown as done, and leaves `total`
-    when skipped); `note`, when not None, is a line to show (a
-    video read at every frame, an input slow to prepare, a skipped input); `finished` on the last
-    update (after it, only notes of skipped inputs)."""
+    when skipped); `frames`, while a video is read: (frames handed to the device, frames sampled);
+    `note`, when not None, is a line to show (a video read at every frame or capped at max_frames,
+    an input slow to prepare, a skipped input); `finished` on the last update (after it, only notes
+    of skipped inputs)."""
 
     done: int
     total: int
     note: str | None = None
     finished: bool = False
+    frames: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass
-class Result:
+class Summary:
+    """What a run of `encode_files` did."""
+
     names: list[str]  # the inputs this run added, in order
     tokens: int
     failed: list[tuple[str, str]]  # (key, reason) of the inputs skipped (keep_going)
@@ -70,80 +80,128 @@ def readable(items: Iterator[Item], failed: list, keep_going: bool) -> Iterator[
             return
 
 
-class _Rows:
-    """Items in input order until their rows are known: encoded in the next call, copied from an
-    earlier input with the same bytes (of this run, or a row of the file being resumed), or read
-    from the cache. `batch` holds the items to encode.
+@dataclasses.dataclass(eq=False)
+class _Row:
+    """An input on its way to the sink: `how` its row is made ("encode": from its pieces' tokens,
+    `parts`; "copy" of an earlier input of this run, `what` its _Row; "row" of a row written before,
+    `what` the sink's reference; "cached": `what` the cache's row). `open` while its pieces are
+    read; `void` when it failed after some were."""
 
-    Calls end only where the next item does not join them (`Grouping.joins`: the patch budget,
+    item: Item
+    how: str
+    what: object = None
+    parts: list = dataclasses.field(default_factory=list)
+    pieces: int = 0
+    open: bool = False
+    void: bool = False
+    row: tuple | None = None  # (grid [3], tokens [n, D], timestamps [t]) once known
+
+    @property
+    def ready(self) -> bool:
+        return not self.open and len(self.parts) == self.pieces
+
+
+class _Rows:
+    """Items in input order until their rows are known: encoded piece by piece (a video's frame
+    groups as they are read, `Packer` putting consecutive pieces into calls), copied from an
+    earlier input with the same bytes (of this run, or a row of the file being resumed), or read
+    from the cache; written to the sink in input order as soon as they are whole.
+
+    Calls end only where the next piece does not join them (`Grouping.joins`: the patch budget,
     another pixel form) or the inputs end, never at a save: a run resumed after an interrupt packs
     the rest as a clean run does, and every row gets the bits it would have had. `cache`: a
     data.cache.ContentCache, its entries keyed by each item's kind under `preprocessing`."""
 
     def __init__(self, enc, sink, cache, budget: int, preprocessing: Preprocessing):
         self.enc, self.sink, self.cache = enc, sink, cache
-        self.grouping = Grouping(budget)
-        self.keys = {v: cache.key("video" if v else "image", preprocessing) for v in (False, True)} if cache else {}
-        self.pending: list[tuple[Item, str, object]] = []  # (item, how, what): see add
-        self.batch: list[Item] = []
-        self.head = None  # the Shape of batch[0]
-        self.batch_patches = 0  # patches in `batch`
-        # sha256 -> ("copy", the Item of this run being encoded) | ("row", its row in the sink)
+        self.packer = Packer(enc.encode, Grouping(budget), enc.cfg.merge_unit)
+        self.keys = {k: cache.key(k, preprocessing) for k in ("image", "video")} if cache else {}
+        self.pending: list[_Row] = []
+        # sha256 -> ("copy", the _Row of this run being encoded) | ("row", its row in the sink)
         self.first: dict[str, tuple[str, object]] = {d: ("row", ref) for d, ref in sink.seen.items()}
         self.names: list[str] = []
+        self.void: list[tuple[str, str]] = []  # (name, reason) of inputs that failed after some pieces
         self.tokens = self.encoded = self.reused = self.cached = 0
 
-    def add(self, item: Item) -> None:
+    def add(self, item: Item, frames: Callable[[int], None] = lambda done: None) -> None:
+        """Take an item: its pieces go to the packer as they are read (`frames(done)` after each one
+        of a video streamed in frame groups); PieceError when a streamed video fails (its row is
+        void, the run goes on)."""
         src = self.first.get(item.digest) if item.digest else None
-        if src is not None:
-            self.reused += 1
-            self.pending.append((item, *src))
-        elif (
-            self.cache is not None
-            and item.digest
-            and (row := self.cache.get(self.keys[item.is_video], item.digest)) is not None
-        ):
-            self.cached += 1
-            self.pending.append((item, "cached", row))
-        else:
-            shape = shape_of(item.patches, item.grid)
-            if not self.grouping.joins(self.head, self.batch_patches, shape):
-                self.flush()
-            self.batch.append(item)
-            self.head = self.head or shape
-            self.batch_patches += shape.rows
-            self.pending.append((item, "encode", None))
-            if item.digest:
-                self.first[item.digest] = ("copy", item)
-        if not self.batch:
-            self.flush()
+        hit = None
+        if src is None and self.cache is not None and item.digest:
+            hit = self.cache.get(self.keys[item.kind], item.digest)
+        if src is not None or hit is not None:
+            if hasattr(item.pieces, "close"):
+                item.pieces.close()  # a streamed video's pieces are never read
+            self.reused += src is not None
+            self.cached += hit is not None
+            self.pending.append(_Row(item, *src) if src is not None else _Row(item, "cached", hit))
+            self.write()
+            return
+        row = _Row(item, "encode", open=True)
+        self.pending.append(row)
+        if item.digest:
+            self.first[item.digest] = ("copy", row)
+        try:
+            T = item.config.temporal_patch_size
+            streamed = item.is_video and not isinstance(item.pieces, tuple)  # decoded as it is read
+            if streamed:
+                frames(0)  # its frames' clock starts
+            for patches, grid, piece in item.patch_pieces():
+                row.pieces += 1
+                self.encoded_parts(self.packer.add(row, patches, grid))
+                if streamed:
+                    frames(min(piece.first_frame + int(grid[0, 0]) * T, item.frames))
+        except BaseException:  # a video failed halfway, an interrupt, a dead worker: never written
+            row.void = True
+            raise
+        finally:
+            row.open = False
+        self.write()
+
+    def encoded_parts(self, done: list) -> None:
+        for row, tokens in done:
+            row.parts.append(tokens)
 
     def flush(self) -> None:
-        """Encode the batch, then write every pending row in order."""
-        done: dict[int, tuple] = {}
-        if self.batch:
-            grid = np.concatenate([i.grid for i in self.batch])  # [k, 3]
-            emb = self.enc.encode(join([i.patches for i in self.batch]), grid)
-            mu = self.enc.cfg.merge_unit
-            for item, e in zip(self.batch, split(emb, [len(i.patches) // mu for i in self.batch])):
-                done[id(item)] = (item.grid[0], e, item.timestamps)
-            self.encoded += len(self.batch)
-        for item, how, what in self.pending:
-            if how == "encode":
-                row = done[id(item)]
+        """Encode what waits in the packer, then write every pending row."""
+        self.encoded_parts(self.packer.flush())
+        self.write()
+
+    def write(self) -> None:
+        """Write the pending rows that are whole, in input order (up to the first that is not)."""
+        while self.pending and self._whole(self.pending[0]):
+            r = self.pending.pop(0)
+            if r.void:
+                continue
+            item = r.item
+            if r.how == "encode":
+                tokens = r.parts[0] if len(r.parts) == 1 else np.concatenate(r.parts)
+                r.row, r.parts = (item.grid[0], tokens, item.timestamps), []
+                self.encoded += 1
                 if self.cache is not None and item.digest:
-                    self.cache.put(self.keys[item.is_video], item.digest, *row)
-            elif how == "cached":
-                row = what
-            else:  # a copy: of an item of this call ("copy"), or of a row already written ("row")
-                grid, emb, _ = done[id(what)] if how == "copy" else self.sink.fetch(what)
-                row = (grid, emb, item.timestamps)
-            ref = self.sink.add(item.name, row, item.digest)
-            if how == "encode" and item.digest:
+                    self.cache.put(self.keys[item.kind], item.digest, *r.row)
+            elif r.how == "cached":
+                r.row = r.what
+            else:  # a copy: of an item of this run ("copy"), or of a row already written ("row")
+                grid, tokens, _ = r.what.row if r.how == "copy" else self.sink.fetch(r.what)
+                r.row = (grid, tokens, item.timestamps)
+            ref = self.sink.add(item.name, r.row, item.digest)
+            if r.how == "encode" and item.digest:
                 self.first[item.digest] = ("row", ref)
             self.names.append(item.name)
-            self.tokens += len(row[1])
-        self.pending, self.batch, self.head, self.batch_patches = [], [], None, 0
+            self.tokens += len(r.row[1])
+
+    def _whole(self, r: _Row) -> bool:
+        """Whether a pending row can be written (or dropped) now."""
+        if r.how == "copy":
+            if r.what.void:  # the same bytes failed: so does this one
+                r.void = True
+                self.void.append((r.item.name, "the same bytes as an input that failed"))
+                return True
+            return r.what.row is not None
+        return r.ready
 
 
 def encode_files(
@@ -165,7 +223,7 @@ def encode_files(
     save_every: float = SAVE_EVERY_S,
     image_cfg: PreprocessConfig | None = None,
     video_cfg: PreprocessConfig | None = None,
-) -> Result:
+) -> Summary:
     """Encode `inputs` (paths or sources.Records; consecutive inputs packed into calls of at most
     `batch_patches` patches, default enc.max_batch_patches) and write them after what `target` holds
     when resuming.
@@ -181,8 +239,11 @@ def encode_files(
     (default enc.preprocessing; `image_cfg=` / `video_cfg=` still work, deprecated). `progress`:
     called with an `Update` as inputs are done and for every note; nothing is printed here.
 
+    A video goes through in pieces (frame groups of at most `batch_patches` patches, decoded as they
+    are encoded): its memory follows a piece, and `progress` hears of its frames as they go.
+
     Returns:
-      Result: keys added, their token count, the skipped inputs, wall seconds, seconds waited, and
+      Summary: keys added, their token count, the skipped inputs, wall seconds, seconds waited, and
       how many inputs were encoded, copied from an identical one, or read from the cache.
     """
     prep = preprocessing_from(
@@ -216,30 +277,48 @@ def encode_files(
 
     t0 = last_save = time.perf_counter()
     total = len(inputs)
-    loader = load(inputs, preprocessing=prep, workers=workers, fast_decode=fast_decode)
+    budget = batch_patches or enc.max_batch_patches
+    loader = load(inputs, preprocessing=prep, workers=workers, fast_decode=fast_decode, piece_patches=budget)
     every_frame = not (prep.video.do_sample_frames and (prep.video.fps or prep.video.num_frames))
-    seen = 0
+
+    def left() -> int:  # inputs still counted: a failed one leaves the count
+        return total - len(failed)
+
     tell(Update(0, total))
     try:
         for item in readable(iter(loader), failed, keep_going):
             if item.is_video and every_frame:  # HF's Qwen2-VL processor does the same; long clips cost a lot
                 note = (
-                    "note: videos use every frame (the checkpoint's video config samples none, as HF's "
+                    f"note: videos use every frame up to max_frames={prep.video.max_frames} (the checkpoint's "
+                    "video config samples none, as HF's "
                     "Qwen2VLVideoProcessor); fps=2 is what Qwen's own tools use"
                 )
-                tell(Update(seen - len(rows.pending), total - len(failed), note))
+                tell(Update(len(rows.names), left(), note))
                 every_frame = False
             if item.note:
-                note = f"{item.note}, prepared in {item.seconds:.1f} s"
-                tell(Update(seen - len(rows.pending), total - len(failed), note))
-            rows.add(item)
-            seen += 1
-            tell(Update(seen - len(rows.pending), total - len(failed)))  # a failed input is never shown as done
+                streamed = item.is_video and int(np.prod(item.grid)) > budget
+                when = "" if streamed else f", prepared in {item.seconds:.1f} s"
+                tell(Update(len(rows.names), left(), f"{item.note}{when}"))
+            if item.capped:
+                tell(Update(len(rows.names), left(), f"note: {item.name}: {item.capped} (max_frames=N raises it)"))
+
+            def frames(done: int, item=item) -> None:
+                tell(Update(len(rows.names), left(), frames=(done, item.frames)))
+
+            try:
+                rows.add(item, frames)
+            except PieceError as e:
+                failed.append((item.name, e.item.error))
+                if not keep_going:
+                    break
+            failed += [v for v in rows.void if v not in failed]
+            tell(Update(len(rows.names), left()))  # a failed input is never shown as done
             if time.perf_counter() - last_save >= save_every:  # a crash then costs at most this
                 sink.checkpoint()  # what is written so far; the call being filled goes on
                 last_save = time.perf_counter()
         rows.flush()
-        tell(Update(seen, total - (len(failed) if keep_going else 0)))  # skipped: out of the count
+        failed += [v for v in rows.void if v not in failed]
+        tell(Update(len(rows.names), total - (len(failed) if keep_going else 0)))  # skipped: out of the count
     except KeyboardInterrupt:
         loader.close()  # the workers go first: nothing keeps running while the output is saved
         if rows.names:
@@ -262,9 +341,9 @@ def encode_files(
         raise
     finally:
         loader.close()
-        tell(Update(seen, total - len(failed), finished=True))
+        tell(Update(len(rows.names), total - len(failed), finished=True))
     seconds = time.perf_counter() - t0
-    result = Result(
+    result = Summary(
         rows.names, rows.tokens, failed, seconds, loader.seconds_waiting, rows.encoded, rows.reused, rows.cached
     )
     if failed and not keep_going:  # the inputs before it are encoded: keep them
@@ -279,7 +358,7 @@ def encode_files(
             limit="keep_going",
         )
     for path, reason in failed:
-        tell(Update(seen, total - len(failed), f"warning: skipped {path}: {reason}", finished=True))
+        tell(Update(len(rows.names), total - len(failed), f"warning: skipped {path}: {reason}", finished=True))
     if not rows.names and inputs and not save_empty:
         sink.abandon()
         raise EncodeError(f"none of the {len(inputs)} inputs could be read; nothing written")

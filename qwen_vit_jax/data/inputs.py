@@ -217,14 +217,9 @@ def input_patches(path: str, image_cfg, video_cfg, variant: str = "qwen2_vl") ->
     a file that cannot be read: it fails later, in the one process that owns it."""
     if not is_video(path):
         return image_patches(path, image_cfg, variant)
-    from qwen_vit_jax.preprocess.video import frame_size, probe, sample_indices
+    from qwen_vit_jax.preprocess.video import open_plan
 
     try:
-        info = probe(path)
-        cfg = video_cfg
-        fps, num = (cfg.fps, cfg.num_frames) if cfg.do_sample_frames else (None, None)
-        n = len(sample_indices(info.total_frames, info.fps, cfg, fps=fps, num_frames=num))
-        h, w = frame_size(n, info.height, info.width, cfg) if cfg.do_resize else (info.height, info.width)
+        return open_plan(path, video_cfg, max_pixels=None).patches  # the container's word: nothing decoded
     except Exception:  # noqa: BLE001 (any unreadable header: the owning process reports it)
         return 0
-    return -(-n // cfg.temporal_patch_size) * (h // cfg.patch_size) * (w // cfg.patch_size)

@@ -15,7 +15,8 @@ Written as it goes, never held in memory: `PartsWriter` appends rows to a part f
 every checkpoint closes the part (complete, fsynced, renamed into OUT.parquet.parts/) and starts the
 next, so a crash loses at most the rows since the last checkpoint, and `--resume` reads the keys of
 OUT and of its parts. `finish` merges the old OUT, the parts and nothing else, row group by row
-group, into a temporary sibling renamed over OUT (atomic), then removes the parts. A full disk
+group, into a temporary sibling renamed over OUT (atomic), then removes the parts (a run of one
+part without an old OUT: that part is renamed over OUT, the same rows without a second copy). A full disk
 (`files.DiskFull`) removes the part being written, or the merge's temporary file, before it is
 raised: the completed parts and OUT stay as they were.
 """
@@ -31,10 +32,14 @@ import tempfile
 
 import numpy as np
 
-from qwen_vit_jax.files import DiskFull, atomic_file, disk_full, interrupts_deferred
+from qwen_vit_jax.files import DiskFull, atomic_file, disk_full, fsync, interrupts_deferred
 
 META_KEY = b"qwen_vit_jax"
-ROWS_PER_GROUP = 256  # inputs per row group: memory stays at one group's embeddings
+ROWS_PER_GROUP = 256  # inputs per row group at most: memory stays at one group's embeddings
+GROUP_BYTES = 64 << 20  # and embedding bytes per row group at most (a group of 3B-tower rows, a long video's row)
+# Dictionary pages only where values repeat: the embedding's floats never do, and dictionary-encoding
+# them cost pyarrow's writer ~25x a row group's embedding bytes (4-5x without; a long video is one row).
+WRITE_OPTIONS = {"use_dictionary": ["key", "sha256"]}
 
 
 def schema(dim: int, metadata: dict):
@@ -150,6 +155,7 @@ class PartsWriter:
         self._next = len(part_files(out))
         self._writer = self._tmp = None
         self._pending: list[tuple] = []
+        self._pending_bytes = 0  # embedding bytes in `_pending`
         self._tmp_rows = 0  # rows written to the part in progress
         self.rows_in_parts = sum(num_rows(p) for p in part_files(out))
         self.bytes_in_parts = sum(p.stat().st_size for p in part_files(out))
@@ -157,7 +163,8 @@ class PartsWriter:
 
     def add(self, key: str, grid, emb: np.ndarray, stamps: np.ndarray, digest: str | None = None) -> None:
         self._pending.append((key, np.asarray(grid).reshape(3), np.asarray(emb, np.float32), stamps, digest))
-        if len(self._pending) >= ROWS_PER_GROUP:
+        self._pending_bytes += self._pending[-1][2].nbytes
+        if len(self._pending) >= ROWS_PER_GROUP or self._pending_bytes >= GROUP_BYTES:
             self._flush()
 
     def _flush(self) -> None:
@@ -173,10 +180,10 @@ class PartsWriter:
                 fd, tmp = tempfile.mkstemp(prefix=f"part-{self._next:05d}.", suffix=".parquet.tmp", dir=self.dir)
                 os.close(fd)
                 self._tmp = pathlib.Path(tmp)
-                self._writer = pq.ParquetWriter(self._tmp, table.schema)
+                self._writer = pq.ParquetWriter(self._tmp, table.schema, **WRITE_OPTIONS)
             self._writer.write_table(table, row_group_size=ROWS_PER_GROUP)
             self._tmp_rows += len(self._pending)
-            self._pending = []
+            self._pending, self._pending_bytes = [], 0
 
     def checkpoint(self) -> None:
         """Everything added so far lands in a completed part (a crash after this loses none of it)."""
@@ -216,6 +223,14 @@ class PartsWriter:
         the parts. Returns the row count."""
         self.checkpoint()
         sources = [*([old] if old is not None else []), *part_files(self.out)]
+        if old is None and len(sources) == 1:  # the one part is OUT as merge would write it: renamed in
+            umask = os.umask(0o22)
+            os.umask(umask)
+            os.chmod(sources[0], 0o666 & ~umask)  # mkstemp made it 0600
+            os.replace(sources[0], self.out)
+            fsync(self.out.parent)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return num_rows(self.out)
         try:
             rows = merge(sources, self.out, self.dim, self.metadata)
         except Exception as e:
@@ -240,7 +255,7 @@ class PartsWriter:
             if self._tmp is not None:
                 self._tmp.unlink(missing_ok=True)
             self._writer = self._tmp = None
-            self._pending, self._tmp_rows = [], 0
+            self._pending, self._pending_bytes, self._tmp_rows = [], 0, 0
         if not part_files(self.out):
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -252,7 +267,7 @@ def merge(sources: list[pathlib.Path], out: pathlib.Path, dim: int, metadata: di
 
     rows = 0
     target = schema(dim, metadata)
-    with atomic_file(out) as tmp, pq.ParquetWriter(tmp, target) as writer:
+    with atomic_file(out) as tmp, pq.ParquetWriter(tmp, target, **WRITE_OPTIONS) as writer:
         for src in sources:
             pf = pq.ParquetFile(src)
             for g in range(pf.metadata.num_row_groups):

@@ -12,6 +12,13 @@ the order, and every byte of every item, is the same for any N). The main proces
 into calls and dispatches them. An input that cannot be read arrives as an item with `error` set,
 in its place, so the caller decides between stopping and skipping.
 
+Long videos stream: with `piece_patches`, a video of more patches is only probed in its Grain
+worker (its grid, timestamps and digest known, nothing decoded), and its item's `pieces` are
+decoded in frame groups of at most `piece_patches` patches by a worker process of the loader's own
+(`workers.WorkerPool`; a thread with workers=0) as the consumer reads them, a group or two ahead:
+the memory a video costs follows a group, not its length. A video that fails after some of its
+pieces were read raises `PieceError` from the pieces (those read before are void).
+
 Workers are spawned processes (Grain's), so a script that starts them runs its work under
 `if __name__ == "__main__":` (Python's rule for spawned workers: each re-imports the main module).
 A worker's start-up (Python, then Grain, which imports jax; this module itself imports no jax) and
@@ -29,68 +36,59 @@ and a main process that dies however it dies (SIGKILL, out of memory) takes them
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qwen_vit_jax.data.inputs import draft_size, is_video, load_image
+from qwen_vit_jax.data.items import Item, Job, Limits, failed, prepare, stream
 from qwen_vit_jax.data.sources import Record, RecordReader
+from qwen_vit_jax.data.workers import WorkerDied, WorkerPool, start_worker, tune_allocator
 from qwen_vit_jax.preprocess.config import (
     PreprocessConfig,
     Preprocessing,
     preprocessing_from,
 )
-from qwen_vit_jax.preprocess.images import image_patches, pixel_table
-from qwen_vit_jax.processes import die_with_parent
+from qwen_vit_jax.preprocess.video import Piece
 
-if TYPE_CHECKING:  # a worker process imports this module: no plan, no jax there
-    from qwen_vit_jax.plan.contract import Patches
+__all__ = ["Item", "Loader", "Prepare", "WorkerError", "load", "tune_allocator"]
 
 
 class WorkerError(RuntimeError):
     """A preprocessing worker process died (killed, out of memory, crashed)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Item:
-    """One input, prepared.
+class PieceError(Exception):
+    """A streamed video failed after some of its pieces were read: `item` holds its error (the
+    pieces read before are void)."""
 
-    name: its path, or "image i" for an in-memory image. patches: uint8 `Patches` [t * h * w, S, p, p, C]
-    (None when it could not be read). grid: int64 [1, 3]. timestamps: float64 [t], seconds per
-    temporal patch (NaN for images and for videos whose model reads no time). error: "Type: message"
-    when it could not be read. note: a line for the log (a video's sampling). seconds: its
-    preprocessing time in the worker.
-    """
-
-    name: str
-    patches: Patches | None
-    grid: np.ndarray | None
-    timestamps: np.ndarray | None
-    error: str | None = None
-    note: str | None = None
-    seconds: float = 0.0
-    is_video: bool = False
-    digest: str | None = None  # sha256 of the input's bytes (of an in-memory image: its pixels)
+    def __init__(self, item: Item):
+        super().__init__(item.error)
+        self.item = item
 
 
 class Prepare:
-    """The per-input pipeline a worker runs: (name, source) -> a dict (what Grain sends back: its one
-    array, the patch rows, through shared memory, the rest as numbers and strings; `Loader` turns it
-    into an `Item`).
+    """The per-input pipeline a Grain worker runs: (name, source) -> a dict, Grain's wire form (its
+    one array, the patch rows, through shared memory; the rest numbers and strings): `items.prepare`
+    of the input, its rows whole. A video over `budget` patches is not decoded here: its dict is the
+    item's header ("stream": the main process streams it in frame groups, `Loader`).
     A source is a file path, a `sources.Record` (a tar member, a parquet or arrow row: read here, in
-    the worker) or a decoded image (a PIL image or an HxWx3 uint8 array). Every input's `digest`,
-    the sha256 of its bytes (an in-memory image: of its pixels), keys the content-hash cache.
+    the worker) or a decoded image (a PIL image or an HxWx3 uint8 array).
     Picklable: it is sent to the workers (each opens its own dataset files)."""
 
-    def __init__(self, config: PreprocessConfig, video_config: PreprocessConfig, variant: str, fast_decode: bool):
-        self.config, self.video_config, self.variant, self.fast_decode = config, video_config, variant, fast_decode
+    def __init__(
+        self,
+        config: PreprocessConfig,
+        video_config: PreprocessConfig,
+        variant: str,
+        fast_decode: bool,
+        budget: int | None = None,
+    ):
+        self.preprocessing = Preprocessing(image=config, video=video_config, variant=variant)
+        self.fast_decode, self.budget = fast_decode, budget
         self._reader = None
 
     def __getstate__(self) -> dict:
@@ -99,108 +97,30 @@ class Prepare:
     def __call__(self, element: tuple[str, object]) -> dict:
         name, source = element
         t0 = time.perf_counter()
+        if self._reader is None:
+            self._reader = RecordReader()
         try:
-            out = self._prepare(name, source)
+            item = prepare(Job(name, source), self.preprocessing, fast_decode=self.fast_decode, reader=self._reader)
+            header = {
+                "name": name,
+                "grid": item.grid[0].tolist(),
+                "timestamps": item.timestamps.tolist(),
+                "video": item.is_video,
+                "digest": item.digest,
+                "note": item.note,
+                "capped": item.capped,
+                "frames": item.frames,
+            }
+            if item.is_video and self.budget is not None and int(np.prod(item.grid)) > self.budget:
+                item.pieces.close()  # nothing decoded yet: the main process streams it
+                return {**header, "stream": True, "seconds": time.perf_counter() - t0}
+            rows = [piece.rows for piece in item.pieces]
+            data = rows[0] if len(rows) == 1 else np.concatenate(rows)
+            return {**header, "data": data, "seconds": time.perf_counter() - t0}
         except Exception as e:  # noqa: BLE001 (any decoder / preprocessing failure: named in its place)
             shard = f"in {source.path}: " if isinstance(source, Record) and source.kind != "file" else ""
-            out = {"error": f"{shard}{type(e).__name__}: {e}"}
-        return {"name": name, "seconds": time.perf_counter() - t0, **out}
-
-    def _prepare(self, name: str, source) -> dict:
-        if isinstance(source, Record):
-            video = source.is_video
-            if self._reader is None:
-                self._reader = RecordReader()
-            source = self._reader.read(source)  # bytes, or a file's path
-            if isinstance(source, str) and not video:
-                video = is_video(source)
-        else:
-            video = isinstance(source, (str, os.PathLike)) and is_video(os.fspath(source))
-        if video:
-            return self._video(name, source)
-        if isinstance(source, (str, os.PathLike)):  # read once: hashed, then decoded from memory
-            with open(source, "rb") as f:
-                source = f.read()
-        if isinstance(source, bytes):
-            digest = hashlib.sha256(source).hexdigest()
-            draft = draft_size(source, self.config, self.variant) if self.fast_decode else None
-            source = load_image(source, draft_to=draft, name=name)
-        else:
-            digest = _pixels_digest(source)
-        rows, grid = image_patches(source, self.config, self.variant, name)
-        return {"data": rows, "grid": list(grid), "timestamps": [float("nan")], "digest": digest}
-
-    def _video(self, name: str, source) -> dict:
-        from qwen_vit_jax.preprocess.video import preprocess_video
-
-        cfg = self.video_config
-        with _as_file(source) as path:
-            digest = _file_digest(path)
-            patches, grid, ts = preprocess_video(path, config=cfg, uint8=True)
-        t, h, w = grid[0].tolist()
-        times = "no timestamps" if ts is None else f"{ts[0]:.2f}..{ts[-1]:.2f} s"
-        note = f"video {name}: {t} x {h}x{w} patches ({len(patches) // cfg.merge_size**2:,} tokens), {times}"
-        stamps = np.full(t, np.nan) if ts is None else np.asarray(ts, np.float64)
-        return {
-            "data": patches.data,
-            "grid": [t, h, w],
-            "timestamps": stamps.tolist(),
-            "note": note,
-            "video": True,
-            "digest": digest,
-        }
-
-
-@contextlib.contextmanager
-def _as_file(source):
-    """A video's path: a file as it is, bytes (a tar member) in a temporary file for PyAV."""
-    if not isinstance(source, bytes):
-        yield os.fspath(source)
-        return
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".video") as f:
-        f.write(source)
-        f.flush()
-        yield f.name
-
-
-def _file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _pixels_digest(image) -> str:
-    """An in-memory image's digest: its mode or dtype, shape and pixels."""
-    if hasattr(image, "tobytes") and hasattr(image, "mode"):  # PIL
-        head, data = f"PIL {image.mode} {image.size}", image.tobytes()
-    else:
-        a = np.ascontiguousarray(image)
-        head, data = f"array {a.dtype} {a.shape}", a.tobytes()
-    return hashlib.sha256(head.encode() + b"\0" + data).hexdigest()
-
-
-class Unpack:
-    """A worker's dict (`Prepare`'s) -> (uint8 `Patches` [N, S, p, p, C], grid int64 [1, 3],
-    timestamps float64 [t]): the pixel table of its kind (image or video settings) computed once.
-    What the encode loop's `Loader` and the service both do with a prepared item."""
-
-    def __init__(self, config: PreprocessConfig, video_config: PreprocessConfig):
-        self._forms = {
-            False: (pixel_table(config), config.temporal_patch_size),
-            True: (pixel_table(video_config), video_config.temporal_patch_size),
-        }
-
-    def __call__(self, d: dict, copy: bool = False) -> tuple[Patches, np.ndarray, np.ndarray]:
-        """`copy`: the rows copied out (of shared memory the worker's element frees)."""
-        from qwen_vit_jax.plan.contract import Patches
-
-        table, t = self._forms[bool(d.get("video", False))]
-        data = np.array(d["data"]) if copy else np.asarray(d["data"])
-        return Patches(data, table, t), np.array([d["grid"]], np.int64), np.array(d["timestamps"], np.float64)
+            bad = failed(name, e, shard, time.perf_counter() - t0)
+            return {"name": name, "error": bad.error, "failure": bad.failure, "seconds": bad.seconds}
 
 
 class Loader:
@@ -218,6 +138,7 @@ class Loader:
         workers: int = 0,
         fast_decode: bool = False,
         buffer: int = 2,
+        piece_patches: int | None = None,
     ):
         import grain
         from absl import flags
@@ -227,9 +148,11 @@ class Loader:
         if not flags.FLAGS.is_parsed():  # Grain reads absl flags; a library must not parse argv
             flags.FLAGS.mark_as_parsed()
         self.workers = min(workers, len(inputs))
-        self._unpack = Unpack(config, video_config)
-        elements = [_element(i, x) for i, x in enumerate(inputs)]
-        ds = grain.MapDataset.source(elements).map(Prepare(config, video_config, variant, fast_decode))
+        self.preprocessing = Preprocessing(image=config, video=video_config, variant=variant)
+        self.piece_patches, self._streams = piece_patches, None
+        self._elements, self._read = (elements := [_element(i, x) for i, x in enumerate(inputs)]), 0
+        prepare_one = Prepare(config, video_config, variant, fast_decode, piece_patches)
+        ds = grain.MapDataset.source(elements).map(prepare_one)
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=buffer))
         if self.workers:
             options = grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=buffer)
@@ -273,25 +196,56 @@ class Loader:
             raise
 
     def _item(self, d: dict) -> Item:
+        source = self._elements[self._read][1]  # in input order, whatever the worker count (names may repeat)
+        self._read += 1
         if d.get("error"):
-            return Item(d["name"], None, None, None, error=d["error"], seconds=d["seconds"])
-        patches, grid, stamps = self._unpack(d, copy=True)  # out of the worker's shared memory (freed with it)
+            return Item(d["name"], error=d["error"], failure=d.get("failure"), seconds=d["seconds"])
         video = bool(d.get("video", False))
+        cfg = self.preprocessing.video if video else self.preprocessing.image
+        if d.get("stream"):
+            pieces = self._stream(Job(d["name"], source, "video", digest=d["digest"]))
+        else:  # out of the worker's shared memory (freed with it)
+            grid = tuple(d["grid"])
+            pieces = (Piece(np.array(d["data"]), grid, None if not video else np.array(d["timestamps"]), 0),)
         return Item(
             d["name"],
-            patches,
-            grid,
-            stamps,
-            note=d.get("note"),
-            seconds=d["seconds"],
-            is_video=video,
-            digest=d.get("digest"),
+            "video" if video else "image",
+            d.get("digest"),
+            np.array([d["grid"]], np.int64),
+            np.array(d["timestamps"], np.float64),
+            pieces,
+            cfg,
+            d.get("frames", 1),
+            d.get("note"),
+            d.get("capped"),
+            d["seconds"],
         )
+
+    def _stream(self, job: Job) -> Iterator[Piece]:
+        """A long video's pieces, decoded in frame groups by a worker process of their own (a thread
+        with workers=0), as they are read: PieceError when it fails after some were read."""
+        if self._streams is None:
+            args = (self.preprocessing, Limits(), self.piece_patches)
+            self._streams = WorkerPool(stream, args, 1 if self.workers else 0, name="qvj-video")
+        task = self._streams.submit(job)
+        try:
+            for message in task:
+                if isinstance(message, Item):
+                    if message.error is not None:
+                        raise PieceError(message)
+                    continue  # the header: the Grain worker's, again
+                yield message
+        except WorkerDied as e:
+            hint = "; killed, e.g. by the out-of-memory killer" if e.reason == "SIGKILL" else ""
+            raise WorkerError(f"a preprocessing worker process died ({e.reason}{hint})") from None
 
     def close(self) -> None:
         """Stop the workers, and free the shared memory their outputs came in."""
         if self._it is not None and hasattr(self._it, "close"):
             self._it.close()
+        if self._streams is not None:
+            self._streams.close(cancel=True)  # a video being streamed stops at its next group
+            self._streams = None
         self._head = []
         _drain_shared_memory()
 
@@ -309,6 +263,7 @@ def load(
     workers: int = 0,
     fast_decode: bool = False,
     buffer: int = 2,
+    piece_patches: int | None = None,
     config: PreprocessConfig | None = None,
     video_config: PreprocessConfig | None = None,
     variant: str | None = None,
@@ -326,6 +281,8 @@ def load(
       fast_decode: decode JPEGs at a reduced DCT scale when they are resized to half or less anyway
         (faster, not HF's pixels: see `qwen_vit_jax.data.inputs`).
       buffer: prepared inputs each worker keeps ready.
+      piece_patches: a video of more patches comes in pieces of at most this many (frame groups,
+        decoded as `Item.pieces` is read: memory follows a piece, not the video); None: whole.
     Returns:
       a `Loader`: iterate it for `Item`s in input order; close it (or use `with`).
     """
@@ -343,6 +300,7 @@ def load(
         workers=workers,
         fast_decode=fast_decode,
         buffer=buffer,
+        piece_patches=piece_patches,
     )
 
 
@@ -381,34 +339,8 @@ def _signals_for_workers():
 
 
 def _start_worker(worker: int, workers: int) -> None:
-    """A worker's start: it ends with the main process however that ends (SIGKILL included); Ctrl-C
-    and SIGTERM are the main process's to handle (it saves, then closes the workers); the allocator
-    set for image work."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    tune_allocator()
-
-
-def tune_allocator() -> bool:
-    """glibc's malloc set for a process that decodes and resizes images one after another: buffers
-    below 64 MiB come from the heap and stay there (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), instead of
-    fresh pages from the kernel for every decoded frame and every resize pass, whose page faults
-    are slow on small VMs (the decode + resize before and after: benchmarks/history.md, "Host cost
-    per input, one core"); the same pixels. Process-
-    wide, so the worker processes and the CLI call it, never a library call on a user's process.
-    Returns whether it applied (glibc only)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
-    return bool(mallopt(m_mmap_threshold, 64 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
+    """Grain's worker_init_fn: the one start-up of every worker process (workers.start_worker)."""
+    start_worker()
 
 
 def _element(i: int, x) -> tuple[str, object]:

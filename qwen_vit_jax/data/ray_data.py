@@ -28,7 +28,6 @@ import warnings
 
 import numpy as np
 
-from qwen_vit_jax.data.inputs import load_image
 from qwen_vit_jax.data.parquet import embedding_array, grid_array
 from qwen_vit_jax.data.sources import image_cell
 
@@ -70,10 +69,12 @@ def preprocess(
     Returns:
       the batch as a pyarrow Table with `qvj_patches` (binary) and `grid_thw` (3 int64) added.
     """
+    import dataclasses
+
     import pyarrow as pa
 
+    from qwen_vit_jax.data.items import Job, prepare
     from qwen_vit_jax.preprocess.config import Preprocessing
-    from qwen_vit_jax.preprocess.images import image_patches
 
     if variant is not None or config is not None:
         warnings.warn(
@@ -88,16 +89,17 @@ def preprocess(
         preprocessing = Preprocessing.defaults(variant)
     if preprocessing is None:
         raise ValueError("qvj.ray.preprocess needs checkpoint= or preprocessing=")
-    config, variant = config or preprocessing.image, preprocessing.variant
+    if config is not None:
+        preprocessing = dataclasses.replace(preprocessing, image=config)
     table = _table(batch)
     if image_column not in table.column_names:
         raise ValueError(f"no column {image_column!r} in the batch (image_column=); its columns: {table.column_names}")
     rows, grids = [], []
-    for i, value in enumerate(table.column(image_column).to_pylist()):
-        image = load_image(image_cell(value, f"row {i} of the batch", image_column))
-        r, grid = image_patches(image, config, variant, f"row {i}")
-        rows.append(r.tobytes())
-        grids.append(grid)
+    for i, value in enumerate(table.column(image_column).to_pylist()):  # the item path of encode and serve
+        cell = image_cell(value, f"row {i} of the batch", image_column)
+        (piece,) = prepare(Job(f"row {i}", cell, "image"), preprocessing).pieces
+        rows.append(piece.rows.tobytes())
+        grids.append(piece.grid)
     table = _drop(table, PATCHES, GRID).append_column(PATCHES, pa.array(rows, pa.binary()))
     return table.append_column(GRID, grid_array(grids))
 

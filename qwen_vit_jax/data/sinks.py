@@ -33,13 +33,21 @@ Row = tuple  # (grid int64 [3], embedding float32 [tokens, D], timestamps float6
 
 
 def check_resumable(where, metadata: dict, meta: dict) -> None:
+    """EncodeError naming the settings (and, within the preprocessing, the fields) that differ
+    between a file to resume and this run."""
     for key in RESUME_KEYS:
         if key == "video_preprocess" and key not in metadata:
             continue  # written before videos were supported: it holds images only
-        if metadata.get(key) != meta[key]:
+        theirs, ours = metadata.get(key), meta[key]
+        if theirs != ours:
+            if isinstance(theirs, dict) and isinstance(ours, dict):
+                fields = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+                said = ", ".join(f"{f} {theirs.get(f)!r} (this run: {ours.get(f)!r})" for f in fields)
+                what = f"{key} differing in {said}"
+            else:
+                what = f"{key} {theirs!r} (this run: {ours!r})"
             raise EncodeError(
-                f"--resume: {where} was written with {key} {metadata.get(key)!r}, this run uses "
-                f"{meta[key]!r}; mixing them in one file would be silently wrong"
+                f"--resume: {where} was written with {what}; mixing them in one file would be silently wrong"
             )
 
 

@@ -57,7 +57,8 @@ def prefetch(it: Iterator[T], depth: int = 2) -> Iterator[T]:
 
 
 class Progress:
-    """A one-line progress bar on stderr: done / total, rate, ETA. Redrawn in place on a terminal;
+    """A one-line progress bar on stderr: done / total, rate, ETA; while a long item is read, its
+    own count too ("312/600 frames", its rate and estimate). Redrawn in place on a terminal;
     elsewhere (a log, a pipe) a line at most every 10 s and a final one."""
 
     def __init__(self, total: int, unit: str = "images", stream=None):
@@ -65,26 +66,33 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty()
         self.t0 = self.last = time.perf_counter()
-        self.shown = -1  # the count last drawn
+        self.shown = None  # what was last drawn
+        self.part = None  # (done, total, unit, started) of the item being read
 
-    def update_to(self, done: int) -> None:
-        """Set the count of finished items to `done`."""
+    def update_to(self, done: int, part: tuple[int, int, str] | None = None) -> None:
+        """Set the count of finished items to `done`; `part`: (done, total, unit) of the item being
+        read (a video's frames), None when none is."""
         self.done = done
         now = time.perf_counter()
-        due = now - self.last >= (0.1 if self.tty else 10.0) or done >= self.total
-        if due and done != self.shown:
-            self.last, self.shown = now, done
+        if part is None:
+            self.part = None
+        elif self.part is None or part[0] < self.part[0]:  # a new item: its rate starts now
+            self.part = (*part, now)
+        else:
+            self.part = (*part, self.part[3])
+        finished = done >= self.total or (part is not None and part[0] >= part[1])
+        due = now - self.last >= (0.1 if self.tty else 10.0) or finished
+        if due and (done, part) != self.shown:
+            self.last, self.shown = now, (done, part)
             self._draw(now)
 
     def _draw(self, now: float) -> None:
         elapsed = max(now - self.t0, 1e-9)
-        rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * round(24 * frac) + "." * (24 - round(24 * frac))
-        line = f"[{bar}] {self.done}/{self.total} {self.unit}  {rate:.1f} {self.unit}/s  {elapsed:.0f}s elapsed" + (
-            f", ~{eta:.0f}s left" if self.done < self.total else ""
-        )
+        line = f"[{_bar(self.done, self.total)}] {_count(self.done, self.total, self.unit, elapsed)}"
+        line += f"  {elapsed:.0f}s elapsed"
+        if self.part is not None:
+            done, total, unit, started = self.part
+            line += f"; {_count(done, total, unit, max(now - started, 1e-9))}"
         self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
         self.stream.flush()
 
@@ -92,6 +100,18 @@ class Progress:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * (done / total if total else 1.0))
+    return "#" * filled + "." * (width - filled)
+
+
+def _count(done: int, total: int, unit: str, seconds: float) -> str:
+    """ "312/600 frames  24.1 frames/s, ~12s left": a count, its rate and estimate."""
+    rate = done / seconds
+    eta = f", ~{(total - done) / rate:.0f}s left" if 0 < rate and done < total else ""
+    return f"{done}/{total} {unit}  {rate:.1f} {unit}/s{eta}"
 
 
 def count(n: int, noun: str) -> str:

@@ -1,7 +1,9 @@
 """Which items share a device call (`Grouping`: the one rule, for `VisionEncoder.encode_patches`,
-the CLI's encode loop and the service's batcher), the batch shapes a service warms up before it
-is ready (`warm_batches`), and sequences cut into consecutive ranges of nearly equal size
-(`split_even`: rounds over devices, slices over processes). No device work here.
+the CLI's encode loop and the service's batcher), the one packer of consecutive pieces into calls
+(`Packer`: grouping, join, encode, split; `encode_patches`, the encode loop and Ray's stage), the
+batch shapes a service warms up before it is ready (`warm_batches`), and sequences cut into
+consecutive ranges of nearly equal size (`split_even`: rounds over devices, slices over processes).
+No device work here but the `encode` a Packer is given.
 
 The rule: items share a call when they have one pixel form (the same Patches table, temporal
 patch size and frames per row; or float rows of one width) and their patches fit the budget; a
@@ -99,6 +101,48 @@ class Grouping:
             batch.append(item)
             head, rows = head or s, rows + s.rows
         return batch, rows >= self.budget
+
+
+class Packer:
+    """Consecutive pieces (an image's rows, a video's frame group) in device calls: a call ends where
+    the next piece does not join it (`Grouping`), its pixels are joined, encoded with `encode`
+    (`VisionEncoder.encode`: ladder plans; a batch-plan encode works the same) and its rows split
+    back per piece. Each piece carries a tag, handed back with its rows.
+
+        packer = Packer(enc.encode, Grouping(budget), enc.cfg.merge_unit)
+        done = packer.add(tag, pixels, grid)      # [(tag, tokens)] of the call this piece closed
+        done += packer.flush()                    # the last call
+    """
+
+    def __init__(self, encode: Callable, grouping: Grouping, merge_unit: int):
+        self.encode, self.grouping, self.merge_unit = encode, grouping, merge_unit
+        self.calls = 0  # device calls made
+        self._batch: list[tuple] = []  # (tag, pixels, grid [k, 3])
+        self._head: Shape | None = None
+        self._rows = 0
+
+    def __len__(self) -> int:
+        """Pieces waiting for their call."""
+        return len(self._batch)
+
+    def add(self, tag, pixels, grid) -> list[tuple]:
+        """Queue a piece: pixels (`Patches` or float rows) and its grid [k, 3]. Returns the pieces
+        (tag, float32 tokens [rows / merge_unit, D]) of the call it closed, if it closed one."""
+        shape = shape_of(pixels, grid)
+        done = [] if self.grouping.joins(self._head, self._rows, shape) else self.flush()
+        self._batch.append((tag, pixels, np.asarray(grid).reshape(-1, 3)))
+        self._head, self._rows = self._head or shape, self._rows + shape.rows
+        return done
+
+    def flush(self) -> list[tuple]:
+        """Encode the pieces waiting, as one call: [(tag, tokens)], in order."""
+        if not self._batch:
+            return []
+        tags, pixels, grids = zip(*self._batch)
+        self._batch, self._head, self._rows = [], None, 0
+        tokens = self.encode(join(list(pixels)), np.concatenate(grids))  # [sum rows / mu, D]
+        self.calls += 1
+        return list(zip(tags, split(tokens, [len(px) // self.merge_unit for px in pixels])))
 
 
 def join(parts: list):

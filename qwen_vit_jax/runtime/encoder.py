@@ -31,9 +31,10 @@ from qwen_vit_jax.model.numerics import Numerics, numerics_for
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
 from qwen_vit_jax.preprocess.images import image_preprocessor
 from qwen_vit_jax.runtime import calls
-from qwen_vit_jax.runtime.batching import Grouping, join, shape_of, split
+from qwen_vit_jax.runtime.batching import Grouping, Packer
 from qwen_vit_jax.runtime.devices import check_devices
 from qwen_vit_jax.runtime.program import Programs, enable_compilation_cache
+from qwen_vit_jax.runtime.video import video_chunks, video_tokens
 
 
 class VisionEncoder:
@@ -133,9 +134,8 @@ class VisionEncoder:
 
     @property
     def compile_count(self) -> int:
-        """Programs compiled by this encoder so far (one per bucket and pixel form: float rows, or
-        `Patches` of 1 or T frames per row; a program loaded from the persistent compilation cache
-        counts too, with its load time in compile_seconds, which sums a bucket's programs)."""
+        """Programs compiled so far (one per bucket and pixel form: float rows, `Patches` of 1 or T
+        frames per row; one loaded from the compilation cache counts, its load time in compile_seconds)."""
         return self.programs.compile_count
 
     # ---- the public entry points ---------------------------------------------------------
@@ -176,10 +176,9 @@ class VisionEncoder:
         return out
 
     def prepare_batch(self, items, *, compiled: bool = False) -> calls.Prepared:
-        """Plan items [(pixels, grid_thw), ...] once, as one call in a batch plan (an item alone as
-        `encode` plans it). `compiled`: its longest leading part whose programs are compiled (at
-        least the first item). `run` it; `prepared.split` cuts the rows per item. Pixels are joined
-        and padded when it runs (calls.py)."""
+        """Plan items [(pixels, grid_thw), ...] as one call in a batch plan (an item alone as `encode`
+        plans it); `compiled`: its longest leading part with compiled programs (at least the first
+        item). `run` it; `prepared.split` cuts the rows per item (calls.py)."""
         if compiled:
             return calls.ready_part(self.programs, self.bucket_choice, items)
         return calls.prepare_batch(self.programs, self.bucket_choice, items)
@@ -207,25 +206,26 @@ class VisionEncoder:
         return self.encode_patches([prep([im], config=self.preprocess, uint8=True) for im in images])
 
     def encode_video(self, video, **sampling) -> np.ndarray:
-        """One video (a file path or decoded frames), decoded and sampled by `preprocess_video` with
-        enc.preprocessing.video (the checkpoint's, else HF's video-processor defaults) and
-        `sampling` (fps / num_frames / max_frames / source_fps / min_pixels / max_pixels): float32
-        [t * h * w / merge_unit, out_dim]; the timestamps: `preprocess_video`'s third value."""
-        from qwen_vit_jax.preprocess.video import preprocess_video
+        """One video (a file path, its bytes or decoded frames), sampled by `preprocess_video` with
+        enc.preprocessing.video and `sampling` (fps / num_frames / max_frames / source_fps / min_pixels
+        / max_pixels), encoded a group of frames at a time (`iter_video`): float32 [t * h * w /
+        merge_unit, out_dim]; the timestamps: preprocess_video's. Memory follows a group."""
+        return video_tokens(self, video, **sampling)
 
-        pv, grid, _ = preprocess_video(video, config=self.video_preprocess, uint8=True, **sampling)
-        return self.encode_patches([(pv, grid)])[0]
+    def iter_video(self, video, *, fps=None, num_frames=None, max_frames=None):
+        """`encode_video` as it goes: `VideoChunk`s (embeddings, grid_thw, timestamps, first frame) of
+        groups of temporal patches that fit max_batch_patches; concatenated, encode_video's answer."""
+        return video_chunks(self, video, fps=fps, num_frames=num_frames, max_frames=max_frames)
 
     def encode_patches(self, items: list[tuple[planlib.Patches, np.ndarray]]) -> list[np.ndarray]:
-        """Encode prepared inputs: (patches, grid_thw [1, 3]) items, as the preprocessors return
-        them with uint8=True (or float pixel_values rows), consecutive ones packed into calls of at
-        most max_batch_patches patches and one pixel form (runtime/batching.py; a larger item runs
-        alone). Returns one float32 [tokens, out_dim] array per item."""
-        out, mu = [], self.cfg.merge_unit
-        for batch in Grouping(self.max_batch_patches).pack(items, lambda item: shape_of(*item)):
-            emb = self.encode(join([px for px, _ in batch]), np.concatenate([g for _, g in batch]))  # ladder plans
-            out.extend(split(emb, [len(px) // mu for px, _ in batch]))
-        return out
+        """Encode prepared inputs: (patches, grid_thw [1, 3]) items, as the preprocessors return them
+        with uint8=True (or float rows), consecutive ones packed into calls of at most
+        max_batch_patches patches and one pixel form (batching.Packer; a larger item runs alone).
+        Returns one float32 [tokens, out_dim] array per item."""
+        packer, out = Packer(self.encode, Grouping(self.max_batch_patches), self.cfg.merge_unit), []  # ladder plans
+        for i, (px, grid) in enumerate(items):
+            out += packer.add(i, px, grid)
+        return [tokens for _, tokens in out + packer.flush()]
 
     def warmup(self, grids, *, tight: bool = False, uint8: bool = False, batched: bool = False) -> list[planlib.Bucket]:
         """Compile the buckets that these grids land in.

@@ -1,8 +1,8 @@
 """The encoder as a service (`qwen-vit-jax serve`), and its client. Read in this order:
 
   settings.py   Settings: one frozen object, every flag of `qwen-vit-jax serve`.
-  prepare.py    the preparation worker pool: bytes -> uint8 patches in worker processes, a dead
-                worker replaced and its item failed (503), never lost.
+  prepare.py    the preparation worker pool: bytes -> an item's header and pieces in worker
+                processes (encode's item path), a dead worker replaced and its item failed (503).
   cache.py      Result; the in-memory LRU and the CLI's content-hash cache on disk.
   batcher.py    dynamic batching: items of concurrent requests -> one encode call per batch.
   metrics.py    Prometheus metrics of one app.

@@ -52,7 +52,8 @@ log = logging.getLogger("qwen_vit_jax.serve")
 
 @dataclasses.dataclass(eq=False)
 class Job:
-    """One prepared item: uint8 `Patches` [N, S, p, p, C], grid int64 [1, 3], timestamps float64 [t],
+    """One prepared piece (an image's rows, or a group of a video's frames: service.py joins a
+    video's pieces): uint8 `Patches` [N, S, p, p, C], grid int64 [1, 3], timestamps float64 [t],
     whether its request wants deepstack features. `future` gets its `Result`."""
 
     patches: Patches

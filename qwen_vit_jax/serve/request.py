@@ -27,7 +27,7 @@ import re
 
 from qwen_vit_jax import errors
 from qwen_vit_jax.serve.images import header_size
-from qwen_vit_jax.serve.service import Item
+from qwen_vit_jax.serve.service import Input
 
 MAX_NAME = 256  # characters of "model" and "user" (OpenAI's user ids are short)
 FIELDS = ("input", "encoding_format", "return_deepstack", "model", "user")
@@ -38,7 +38,7 @@ _B64_SPACE = re.compile(r"[ \t\r\n]+")
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    items: list[Item]
+    items: list[Input]
     fmt: str  # "float" or "base64"
     deepstack: bool
     resized: int  # images the per-item bound resizes down
@@ -161,7 +161,7 @@ def parse(body: bytes, s, bound) -> Request:
         payload = _bytes(where, value)
         if kind == "image":
             resized += _check_image(where, payload, s, bound)
-        items.append(Item(kind, payload, hashlib.sha256(payload).hexdigest(), None if fps is None else float(fps)))
+        items.append(Input(kind, payload, hashlib.sha256(payload).hexdigest(), None if fps is None else float(fps)))
     return Request(items, fmt, deepstack, resized)
 
 

@@ -7,19 +7,28 @@
 An item's way: its key (its bytes' sha256, hashed with the request's parsing, and the settings
 fingerprint of its kind and preprocessing, data/cache.py's recipe) -> the in-memory LRU -> an
 identical item already in flight (encoded once, every waiter answered) -> the disk cache ->
-a preparation worker (prepare.py) -> the batcher (batcher.py) -> the caches. One `preprocessing`
-serves the workers and the keys: what an item is prepared with is what its key says. Admission counts
-items: past `max_queue` items admitted and not answered a request is refused (`errors.Overloaded`)
-before anything of it is done, so memory stays bounded under overload; a request that could never be
-admitted (more items than `max_queue`) is `errors.TooLarge`, not a wait. A request that is cancelled
-(its client gone, its timeout) withdraws its items: a queued item no other request waits for is
-dropped before it reaches a worker or the device.
+a preparation worker (prepare.py: its header, then its pieces; videos have workers of their own, so
+an image never waits behind a video's decoding) -> the batcher (batcher.py), a
+piece at a time -> the caches. A video's pieces (frame groups of at most the patch budget) enter
+the batcher as they are decoded, one of an item there at a time (the next decoded meanwhile): a
+long video holds a few groups of memory and takes its turn on the device group by group beside
+other requests. One
+`preprocessing` serves the workers and the keys: what an item is prepared with is what its key says.
+Before a frame is decoded, a video's frames are bounded in pixels (max_image_pixels, as an image),
+in patches (the per-item bound), in count (max_frames: a longer clip is sampled down to it) and its
+patches in all (max_video_patches). Admission counts items: past `max_queue` items admitted and not
+answered a request is refused (`errors.Overloaded`) before anything of it is done, so memory stays
+bounded under overload; a request that could never be admitted (more items than `max_queue`) is
+`errors.TooLarge`, not a wait. A request that is cancelled (its client gone, its timeout) withdraws
+its items: a queued item no other request waits for is dropped before it reaches a worker or the
+device.
 
-Failures are `qwen_vit_jax.errors`' kinds, raised where they are known; statuses.py alone turns
-them into HTTP. A failure of the device call or of anything else of the server's own (a bad
-checkpoint: its pixel table overflowing, a program that fails) is `errors.Internal`, never the
-client's: its details go to the log. A disk cache that cannot be read or written is skipped
-(cache.DiskCache: a warning and a count), never a failure of the item.
+Failures are `qwen_vit_jax.errors`' kinds, raised where they are known (a worker's failure comes
+back as its kind: `data.items.failed`); statuses.py alone turns them into HTTP. A failure of the
+device call or of anything else of the server's own (a bad checkpoint: its pixel table
+overflowing, a program that fails) is `errors.Internal`, never the client's: its details go to the
+log. A disk cache that cannot be read or written is skipped (cache.DiskCache: a warning and a
+count), never a failure of the item.
 """
 
 from __future__ import annotations
@@ -31,18 +40,24 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from qwen_vit_jax import errors
 from qwen_vit_jax.serve.cache import DiskCache, MemoryLRU, Result
-from qwen_vit_jax.serve.prepare import PreparePool, Task, WorkerDied
+from qwen_vit_jax.serve.prepare import END, Job, Limits, WorkerDied, preparation_pool
 from qwen_vit_jax.serve.settings import Settings, flag
+
+# A video's pieces in the batcher at once: one, the next decoded meanwhile, so that an item that
+# arrives while a long video runs waits for one piece's call, not two (benchmarks: long_video suite).
+IN_FLIGHT = 1
 
 log = logging.getLogger("qwen_vit_jax.serve")
 
 
 @dataclasses.dataclass(frozen=True)
-class Item:
-    """One input of a request: kind "image" or "video", its bytes, a video's fps (None: the
-    checkpoint's sampling), the bytes' sha256."""
+class Input:
+    """One input of a request, as sent (data/items.py's `Item` is an input prepared): kind "image"
+    or "video", its bytes, a video's fps (None: the checkpoint's sampling), the bytes' sha256."""
 
     kind: str
     payload: bytes
@@ -63,13 +78,12 @@ class Service:
     def __init__(self, settings: Settings, metrics):
         self.settings, self.metrics = settings, metrics
         self.ready, self.error = False, None
-        self.enc = self.pool = self.batcher = self.disk = self.bound = self.preprocessing = None
+        self.enc = self.pool = self.video_pool = self.batcher = self.disk = self.bound = self.preprocessing = None
         self.vllm = None  # the StoreWriter of --vllm-store (vllm/store.py)
         self.memory = MemoryLRU(settings.cache_bytes)
         self.queued = 0  # items admitted and not answered (what max_queue bounds)
         self._inflight: dict[tuple, _Flight] = {}
         self._weights = ""  # the checkpoint's fingerprint, with --cache (its keys name the checkpoint)
-        self._unpack = None  # a worker's dict -> Patches, grid, timestamps (data/pipeline.Unpack)
         self._closed = threading.Event()
 
     # ---- life ----------------------------------------------------------------------------------
@@ -89,12 +103,12 @@ class Service:
                 enc.warmup([[list(g)] for g in s.declare], tight=True, uint8=True)
             if s.warmup_batches:
                 self._warm(enc, budget)
-            from qwen_vit_jax.data.pipeline import Unpack
             from qwen_vit_jax.serve.bounds import ItemBound
 
             bound = ItemBound.of(enc.preprocessing, s.max_item_patches or budget, s.max_frames, s.oversize == "resize")
             self.bound, self.preprocessing = bound, bound.preprocessing  # the workers' and the keys' settings
-            self._unpack = Unpack(self.preprocessing.image, self.preprocessing.video)
+            video_patches = s.max_video_patches or VIDEO_CALLS * budget
+            limits = Limits(frame_pixels=s.max_image_pixels, frame_patches=bound.patches, video_patches=video_patches)
             if s.cache:
                 from qwen_vit_jax.data.cache import ContentCache, checkpoint_fingerprint
                 from qwen_vit_jax.weights.sources import resolve_source
@@ -103,11 +117,14 @@ class Service:
                 self.disk = DiskCache(ContentCache(s.cache, self._weights, enc.dtype), self.metrics)
             from qwen_vit_jax.serve.batcher import Batcher
 
-            p = self.preprocessing
-            self.pool = PreparePool(p.image, p.video, p.variant, s.workers, on_replace=self.metrics.replaced.inc)
+            self.pool = preparation_pool(self.preprocessing, limits, budget, s.workers, self.metrics.replaced.inc)
+            # videos in workers of their own: an image never waits behind a long video's decoding
+            videos = max(s.workers // 2, 1) if s.workers else 0
+            self.video_pool = preparation_pool(self.preprocessing, limits, budget, videos, self.metrics.replaced.inc)
             self.pool.wait_started()
+            self.video_pool.wait_started()
             self.batcher = Batcher(enc, budget, s.max_wait_ms / 1000, self.metrics)
-            self.metrics.waiting.labels("prepare").set_function(self.pool.waiting)
+            self.metrics.waiting.labels("prepare").set_function(lambda: self.pool.waiting() + self.video_pool.waiting())
             self.metrics.waiting.labels("batch").set_function(self.batcher.waiting)
             self.metrics.cache_bytes.set_function(lambda: self.memory.nbytes)
             self.metrics.programs.set_function(lambda: enc.compile_count)
@@ -147,7 +164,7 @@ class Service:
             time.perf_counter() - t0,
         )
 
-    def key(self, item: Item) -> tuple[str, str]:
+    def key(self, item: Input) -> tuple[str, str]:
         """An item's cache key: (the settings fingerprint of its kind and preprocessing, its sha256)."""
         return _fingerprint(self._weights, self.enc.dtype, self.preprocessing, item.kind, item.fps), item.digest
 
@@ -156,8 +173,9 @@ class Service:
         self.ready = False
         if self.batcher is not None:
             self.batcher.close()
-        if self.pool is not None:
-            self.pool.close()
+        for pool in (self.pool, self.video_pool):
+            if pool is not None:
+                pool.close()
 
     # ---- admission -----------------------------------------------------------------------------
     def check_room(self) -> None:
@@ -186,7 +204,7 @@ class Service:
         self.metrics.queue.set(self.queued)
 
     # ---- requests ------------------------------------------------------------------------------
-    async def embed(self, items: list[Item], deepstack: bool) -> list[tuple[Result, bool]]:
+    async def embed(self, items: list[Input], deepstack: bool) -> list[tuple[Result, bool]]:
         """Every item's (Result, cached), in order. The first item that fails raises its error
         (an errors.Error, its message naming it: `input[i]: ...`) and withdraws the others;
         cancelling withdraws them all."""
@@ -207,7 +225,7 @@ class Service:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _one(self, item: Item, deepstack: bool) -> tuple[Result, bool]:
+    async def _one(self, item: Input, deepstack: bool) -> tuple[Result, bool]:
         key = self.key(item)
         r = self.memory.get(key, deepstack)
         if r is not None:
@@ -237,7 +255,7 @@ class Service:
         if self._inflight.get(fkey) is flight:
             del self._inflight[fkey]
 
-    async def _compute(self, item: Item, key: tuple[str, str], deepstack: bool) -> tuple[Result, bool]:
+    async def _compute(self, item: Input, key: tuple[str, str], deepstack: bool) -> tuple[Result, bool]:
         m = self.metrics
         if self.disk is not None and not deepstack:
             row = await asyncio.to_thread(self.disk.get, *key)
@@ -248,41 +266,96 @@ class Service:
                 return r, True
         m.cache.labels("miss").inc()
         t0 = time.perf_counter()
-        task = self.pool.submit(Task(item.kind, item.payload, item.fps))
+        pool = self.video_pool if item.kind == "video" else self.pool
+        task = pool.submit(Job("", item.payload, item.kind, item.fps, item.digest))
+        jobs: list = []
         try:
-            d = await asyncio.wrap_future(task.future)
+            head = await _next(task)
+            m.stage.labels("prepare").observe(head.seconds)
+            if head.error is not None:
+                raise _refused(item.kind, head)
+            if (over := self.bound.grid_over(item.kind, head.grid[0])) is not None:
+                raise errors.TooLarge(over, limit="max_item_patches")
+            waited = max(time.perf_counter() - t0 - head.seconds, 0.0)  # for a worker (and the trip)
+            cfg = self.preprocessing.video if item.kind == "video" else self.preprocessing.image
+            if item.kind == "video" and item.fps is not None:  # what prepare applied: Preprocessing.with_limits
+                cfg = self.preprocessing.with_limits(fps=item.fps).video
+            while (piece := await _next(task, end=None)) is not None:
+                if getattr(piece, "error", None) is not None:  # a video that fails after some pieces
+                    raise _refused(item.kind, piece)
+                jobs.append(self._submit(piece, cfg, head, deepstack, waited))
+                if len(jobs) >= IN_FLIGHT:  # the next piece is decoded while this one waits and runs
+                    await asyncio.wait([asyncio.wrap_future(jobs[-IN_FLIGHT].future)])
+            r = _whole(head, [await asyncio.wrap_future(j.future) for j in jobs])
         except asyncio.CancelledError:
-            task.cancelled = True
+            task.cancel()
+            for j in jobs:
+                self.batcher.cancel(j)
             raise
         except WorkerDied as e:
             raise errors.Unavailable(f"{e}; not prepared, send it again") from None
-        m.stage.labels("prepare").observe(d.get("seconds", 0.0))
-        waited = max(time.perf_counter() - t0 - d.get("seconds", 0.0), 0.0)  # for a worker (and the trip)
-        if d.get("missing"):  # the server lacks a decoder: its fault, not the client's
-            raise errors.Internal(f"this server cannot read a {item.kind}: {d['error']}")
-        if d.get("error"):
-            raise errors.BadInput(f"cannot read this {item.kind}: {d['error']}")
-        if (over := self.bound.grid_over(item.kind, d["grid"])) is not None:
-            raise errors.TooLarge(over, limit="max_item_patches")
-        from qwen_vit_jax.serve.batcher import Job
-
-        job = Job(*self._unpack(d), deepstack, waited)
-        self.batcher.submit(job)
-        try:
-            r = await asyncio.wrap_future(job.future)
-        except asyncio.CancelledError:
-            self.batcher.cancel(job)
-            raise
         except errors.Error:
             raise
         except Exception as e:  # noqa: BLE001 (the device call's failure: the server's, e.g. a checkpoint whose
             # pixel table overflows fails the finiteness check; never the client's 400)
             log.error("the device call failed for a %s (%s)", item.kind, item.digest[:12], exc_info=e)
             raise errors.Internal("the device call failed (an internal error, logged by the server)") from None
+        finally:
+            task.cancel()  # whatever ended it: its worker stops at its next piece
         self.memory.put(key, r)
         if self.disk is not None:  # fails soft (DiskCache): a warning and a count, never the answer's failure
             asyncio.get_running_loop().run_in_executor(None, self.disk.put, *key, r.grid, r.embedding, r.timestamps)
         return r, False
+
+    def _submit(self, piece, cfg, head, deepstack: bool, waited: float):
+        """A piece to the batcher: a Job of its rows (uint8 `Patches`) and grid."""
+        from qwen_vit_jax.data.items import patches_of
+        from qwen_vit_jax.serve.batcher import Job as Piece
+
+        t = piece.grid[0]
+        stamps = head.timestamps[piece.first_frame // cfg.temporal_patch_size :][:t]
+        job = Piece(patches_of(piece.rows, cfg), np.asarray([piece.grid], np.int64), stamps, deepstack, waited)
+        return self.batcher.submit(job)
+
+
+VIDEO_CALLS = 16  # without max_video_patches: a video of at most this many budget-sized device calls
+
+
+async def _next(task, end=RuntimeError):
+    """The task's next message (its header first, then its pieces); `end` after the last one (the
+    default: a RuntimeError, for a header that never came)."""
+    message = await asyncio.wrap_future(task.next())
+    if message is not END:
+        return message
+    if end is RuntimeError:
+        raise RuntimeError("the preparation ended without an answer")
+    return end
+
+
+def _refused(kind: str, failed) -> errors.Error:
+    """The error of an item its worker could not prepare: its kind, the error's own words."""
+    if failed.failure == "missing":  # the server lacks a decoder: its fault, not the client's
+        return errors.Internal(f"this server cannot read a {kind}: PyAV is not installed: {SERVE_EXTRA} carries it")
+    if failed.failure is None:  # another library's error (a decoder's own): named with its type
+        return errors.BadInput(f"cannot read this {kind}: {failed.error}")
+    kinds = {k.kind: k for k in (errors.BadInput, errors.TooLarge, errors.Unsupported)}
+    return kinds.get(failed.failure, errors.BadInput)(failed.message)
+
+
+SERVE_EXTRA = "pip install 'qwen_vit_jax[serve]'"
+
+
+def _whole(head, parts: list[Result]) -> Result:
+    """An item's Result from its pieces' (in order): the header's grid and timestamps, the tokens
+    (and deepstack features) concatenated."""
+    if len(parts) == 1:
+        r = parts[0]
+        return Result(head.grid[0].copy(), r.embedding, head.timestamps, r.deepstack)
+    tokens = np.concatenate([r.embedding for r in parts])
+    deep = None
+    if parts[0].deepstack is not None:
+        deep = [np.concatenate([r.deepstack[k] for r in parts]) for k in range(len(parts[0].deepstack))]
+    return Result(head.grid[0].copy(), tokens, head.timestamps, deep)
 
 
 def _load_encoder(s: Settings):

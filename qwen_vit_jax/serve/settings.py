@@ -133,7 +133,18 @@ class Settings:
         choices=("resize", "refuse"),
     )
     max_frames: int | None = knob(
-        None, "--max-frames", "frames per video at most (default: the checkpoint's max_frames)", parse=int, metavar="N"
+        None,
+        "--max-frames",
+        "frames per video at most, with or without fps (default: the checkpoint's max_frames)",
+        parse=int,
+        metavar="N",
+    )
+    max_video_patches: int | None = knob(
+        None,
+        "--max-video-patches",
+        "patches per video in all at most, before decoding (default: 16 x --max-batch-patches; 413 past)",
+        parse=int,
+        metavar="N",
     )
     request_timeout_s: float = knob(
         60.0, "--timeout", "seconds a request may take (default {default:g}; 504 past)", parse=float, metavar="S"
@@ -214,7 +225,8 @@ class Settings:
             put("max_items", min(DEFAULT_MAX_ITEMS, self.max_queue))
         if self.max_peer_bodies is None:
             put("max_peer_bodies", max(self.max_connections // 4, 1))
-        for name in ("max_items", "max_batch_patches", "max_item_patches", "max_frames", "max_peer_bodies"):
+        bounded = ("max_items", "max_batch_patches", "max_item_patches", "max_frames", "max_video_patches")
+        for name in (*bounded, "max_peer_bodies"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")

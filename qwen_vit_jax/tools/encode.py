@@ -326,7 +326,7 @@ class _Shown:
             self.closed = True
         elif not update.finished:
             self.bar.total = update.total  # an input that failed leaves the count
-            self.bar.update_to(update.done)
+            self.bar.update_to(update.done, None if update.frames is None else (*update.frames, "frames"))
 
 
 def _left(records: list, held: Counter) -> list:
