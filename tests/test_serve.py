@@ -18,7 +18,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ import numpy as np
 import pytest
 from sample_images import make_image
 
+from benchmarks.workloads import traffic as st
 from qwen_vit_jax.serve.asgi import create_app
 from qwen_vit_jax.serve.settings import Settings
 
@@ -453,30 +453,6 @@ def test_a_dead_worker_is_replaced_and_its_item_gets_503(tiny_dirs, tiny_encoder
 
 
 # ---- over real HTTP -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def uvicorn_thread(app, port: int):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        deadline = time.monotonic() + 300
-        while not (server.started and app.state.service.ready):
-            assert time.monotonic() < deadline and app.state.service.error is None, app.state.service.error
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        t.join(60)
-
-
 @pytest.fixture(scope="module")
 def qwen3_dirs(tmp_path_factory):
     from qwen_vit_jax.tools.demo import TINY_QWEN3_VL, write_random_hf_checkpoint
@@ -495,8 +471,9 @@ def test_real_http_deepstack_and_client_retries(qwen3_dirs, images):
     enc = VisionEncoder.from_pretrained(qwen3_dirs)
     pv, thw = qvj.preprocess_images([images[1]], config=enc.preprocess, uint8=True)  # as encode_images sends it
     tokens, features = enc.encode(pv, thw, return_deepstack=True)
-    app = create_app(Settings(checkpoint=str(qwen3_dirs), workers=0, max_queue=1, max_wait_ms=50), encoder=enc)
-    with uvicorn_thread(app, free_port()) as url, qvj.serve.Client(url, backoff=0.05) as client:
+    s = Settings(checkpoint=str(qwen3_dirs), port=st.free_port(), workers=0, max_queue=1, max_wait_ms=50)
+    with st.in_thread(s, enc) as (url, app), qvj.serve.Client(url, backoff=0.05) as client:
+        assert app.state.service.error is None, app.state.service.error
         e, ds = client.embed([images[1]], return_deepstack=True)
         assert rel_err(e[0], tokens) <= 1e-6 and len(ds) == len(features) == 2
         assert all(rel_err(a, b) <= 1e-6 for a, b in zip(ds, features))
@@ -543,7 +520,7 @@ def test_client_resends_after_a_lost_connection_not_after_a_timeout():
 def test_cli_serves_and_drains_on_sigterm(tiny_dirs, pngs):
     """`qwen-vit-jax serve` in a subprocess: a request queued when SIGTERM arrives is answered, the
     server then exits 0."""
-    port = free_port()
+    port = st.free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     cmd = [sys.executable, "-m", "qwen_vit_jax.tools.cli", "serve", str(tiny_dirs[1]), "--port", str(port)]
     proc = subprocess.Popen(
@@ -589,7 +566,7 @@ def test_cli_refuses_what_it_cannot_serve(tiny_dirs, tmp_path, capsys):
     shutil.copytree(tiny_dirs[1], bad)
     for f in bad.glob("*.safetensors"):
         f.write_bytes(f.read_bytes()[:1000])
-    port = str(free_port())
+    port = str(st.free_port())
     cases = [
         (["serve", str(tiny_dirs[1]), "--host", "0.0.0.0"], "requires an API key"),
         (["serve", str(tmp_path / "missing"), "--port", port], "missing"),

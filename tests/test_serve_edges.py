@@ -21,7 +21,6 @@ import logging
 import pathlib
 import re
 import shutil
-import threading
 import time
 
 import httpx
@@ -43,25 +42,11 @@ MAX_QUEUE = 40  # so the default --max-items is 40 too
 @contextlib.contextmanager
 def uvicorn_thread(encoder, **kw):
     """create_app(Settings(tiny, **kw)) on uvicorn in a thread as the CLI configures it: (url, app)."""
-    import uvicorn
-
     import qwen_vit_jax as qvj
 
-    settings = qvj.serve.Settings(port=st.free_port(), **{"workers": 0, **kw})
-    app = qvj.serve.create_app(settings, encoder=encoder)
-    server = uvicorn.Server(qvj.serve.uvicorn_config(app, settings, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        deadline = time.monotonic() + 300
-        while not (server.started and (app.state.service.ready or app.state.service.error)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+    with st.in_thread(qvj.serve.Settings(port=st.free_port(), **{"workers": 0, **kw}), encoder) as (url, app):
         assert app.state.service.error is None, app.state.service.error
-        yield f"http://127.0.0.1:{settings.port}", app
-    finally:
-        server.should_exit = True
-        t.join(60)
+        yield url, app
 
 
 @pytest.fixture(scope="module")

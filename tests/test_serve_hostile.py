@@ -14,7 +14,6 @@ need the server's insides (a worker killed mid-item) or no key (the docs' exampl
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import pathlib
@@ -223,29 +222,6 @@ def test_usage_fields_and_the_official_openai_client(server):
 
 
 # ---- in-process servers: a killed worker, a failed load, the docs' example -----------------------
-@contextlib.contextmanager
-def uvicorn_thread(settings, encoder=None, wait_ready: bool = True):
-    """create_app(settings) on uvicorn in a thread, as the CLI configures it; its URL and app."""
-    import uvicorn
-
-    import qwen_vit_jax as qvj
-
-    app = qvj.serve.create_app(settings, encoder=encoder)
-    server = uvicorn.Server(qvj.serve.uvicorn_config(app, settings, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        deadline = time.monotonic() + 300
-        service = app.state.service
-        while not (server.started and (service.ready or service.error or not wait_ready)):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{settings.port}", app
-    finally:
-        server.should_exit = True
-        t.join(60)
-
-
 def test_every_503_carries_retry_after(tiny_dirs, tiny_encoder, tmp_path):
     """A dead worker's 503 (a worker killed while it prepares an item) and a failed load's 503s
     carry Retry-After; the failed load's answers do not show the server's path."""
@@ -253,7 +229,7 @@ def test_every_503_carries_retry_after(tiny_dirs, tiny_encoder, tmp_path):
 
     slow = st.jpeg(3000, 3000, seed=7)  # long enough to prepare to be killed in the middle
     s = Settings(checkpoint=str(tiny_dirs[1]), port=st.free_port(), workers=1, cache_bytes=0, max_batch_patches=BUDGET)
-    with uvicorn_thread(s, tiny_encoder) as (url, app):
+    with st.in_thread(s, tiny_encoder) as (url, app):
         pool = app.state.service.pool
         out = {}
 
@@ -274,7 +250,7 @@ def test_every_503_carries_retry_after(tiny_dirs, tiny_encoder, tmp_path):
 
     missing = tmp_path / "no-such-checkpoint"
     s = Settings(checkpoint=str(missing), port=st.free_port(), workers=0)
-    with uvicorn_thread(s) as (url, app):
+    with st.in_thread(s) as (url, app):
         ready = httpx.get(url + "/readyz")
         refused = httpx.post(url + st.ROUTE, content=st.body([st.jpeg(56, 56, seed=8)]))
     for r in (ready, refused):
@@ -305,7 +281,7 @@ def test_the_docs_curl_example_sends_a_5_megabyte_photo(tiny_dirs, tiny_encoder,
     lines = [ln for ln in block.splitlines() if not ln.startswith("qwen-vit-jax serve")]
     s = Settings(checkpoint=str(tiny_dirs[1]), port=st.free_port(), workers=1, max_batch_patches=BUDGET)
     script = "\n".join(lines).replace("localhost:8000", f"127.0.0.1:{s.port}")
-    with uvicorn_thread(s, tiny_encoder):
+    with st.in_thread(s, tiny_encoder):
         done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert '"ready":true' in done.stdout and '"embedding"' in done.stdout, (done.stdout[:500], done.stderr)

@@ -2,7 +2,8 @@
 (saturation) and open-loop (Poisson) clients on asyncio + httpx, malformed bodies, the server's RSS
 and its preparation workers.
 
-Shared by tests/test_serve_load.py (small scale) and the serve suites (the measured runs).
+Shared by the service's tests (small scale; `in_thread`: a server in the test's own process) and
+the serve suites (the measured runs).
 Every loop is bounded in count and in time, and every request goes to 127.0.0.1.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import io
 import json
@@ -42,6 +44,30 @@ def free_port() -> int:
 
 
 # ---- the server --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def in_thread(settings, encoder=None, wait_ready: bool = True):
+    """create_app(settings) on uvicorn in a thread of this process, as the CLI configures it, until
+    its service is ready or has failed (or only until it listens: wait_ready=False): (url, app)."""
+    import uvicorn
+
+    from qwen_vit_jax import serve
+
+    app = serve.create_app(settings, encoder=encoder)
+    server = uvicorn.Server(serve.uvicorn_config(app, settings, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 300
+        service = app.state.service
+        while not (server.started and (service.ready or service.error or not wait_ready)):
+            assert time.monotonic() < deadline, "the server was not ready within 300 s"
+            time.sleep(0.02)
+        yield f"http://{HOST}:{settings.port}", app
+    finally:
+        server.should_exit = True
+        t.join(60)
+
+
 class Server:
     """`qwen-vit-jax serve CKPT --port P ARGS` in a subprocess, ready (GET /readyz 200) on entry,
     stopped with SIGTERM (then SIGKILL after `stop_timeout` s) on exit; its output goes to `log`. It

@@ -103,6 +103,7 @@ class Item:
     seconds: float = 0.0
     error: str | None = None
     failure: str | None = None
+    _joined: Patches | None = dataclasses.field(default=None, repr=False)
 
     @property
     def is_video(self) -> bool:
@@ -120,12 +121,15 @@ class Item:
 
     @property
     def patches(self) -> Patches:
-        """Every row of the item as one `Patches` (a streamed video is read whole here)."""
+        """Every row of the item as one `Patches` (a streamed video is read whole here, once: the
+        pieces are dropped and the joined rows kept, so that it may be read again)."""
         from qwen_vit_jax.plan.contract import Patches
 
-        parts = [px for px, _, _ in self.patch_pieces()]
-        self.pieces = None  # read
-        return parts[0] if len(parts) == 1 else Patches.concatenate(parts)
+        if self._joined is None:
+            parts = [px for px, _, _ in self.patch_pieces()]
+            self._joined = parts[0] if len(parts) == 1 else Patches.concatenate(parts)
+            self.pieces = None
+        return self._joined
 
 
 def patches_of(rows: np.ndarray, config: PreprocessConfig) -> Patches:
