@@ -293,7 +293,7 @@ def _inputs(rows, offsets: np.ndarray):
     that holds it (joined only for an input across parts)."""
     starts = np.concatenate([[0], np.cumsum([len(p) for p in rows.parts])]).astype(np.int64)
     for a, b in zip(offsets[:-1], offsets[1:]):
-        k = int(np.searchsorted(starts, a, side="right")) - 1  # the part input's first token is in
+        k = int(np.searchsorted(starts, a, side="right")) - 1  # the part holding its first token
         if k < len(rows.parts) and b <= starts[k + 1]:
             yield np.asarray(rows.parts[k][a - starts[k] : b - starts[k]], np.float32)
         else:

@@ -110,7 +110,7 @@ class MemorySink:
         self.row_bytes = size / max(len(names), 1)
         try:
             write_rows(self.target, *arrays, names, meta)  # atomic: a failed write leaves OUT as it was
-        except Exception as e:  # noqa: BLE001 (safetensors raises its own error type for a full disk)
+        except Exception as e:  # noqa: BLE001 (a full disk: an OSError, or a writer library's own error type)
             if not disk_full(e):
                 raise
             raise DiskFull(self.target, int(size), "writing it whole") from None
