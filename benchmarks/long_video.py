@@ -15,9 +15,10 @@ costs the service's other clients; the working tree beside a revision (--against
           embeddings (9 MB a minute at 640x360); at D = 2048 (Qwen2.5-VL-3B's) the row of embeddings
           is 147 MB a minute, and the report gives what each format costs per byte of it: the peak's
           growth from the shortest clip to the longest over the row's.
-  serve   `qwen-vit-jax serve` of each side (one preparation worker, no cache): the first clip at
-          --fps POSTed, then a 224x224 PNG 1 s later: both latencies, medians of --repeats (after a
-          first round that compiles their programs, not timed).
+  serve   `qwen-vit-jax serve` of each side (one preparation worker, no cache; the demo's tiny tower,
+          D = 128, whatever --out-dim says): the first clip at --fps POSTed, then a 224x224 PNG 1 s
+          later: both latencies, medians of --repeats (after a first round that compiles their
+          programs, not timed).
 """
 
 from __future__ import annotations
@@ -161,10 +162,8 @@ def serve_side(tree, ckpt: str, video: bytes, fps: float, repeats: int) -> dict:
 def run(args) -> dict:
     minutes = args.minutes or ([4 / 60] if args.quick else [1.0, 5.0, 10.0])
     size = (320, 240) if args.quick else SIZE
-    if args.out_dim:
-        ckpt = common.run_worker(__name__, "tower", {"out_dim": args.out_dim})["path"]
-    else:
-        ckpt = common.run_worker(__name__, "demo", {"model": "tiny"})["path"]
+    demo = common.run_worker(__name__, "demo", {"model": "tiny"})["path"]
+    ckpt = common.run_worker(__name__, "tower", {"out_dim": args.out_dim})["path"] if args.out_dim else demo
     sides = {"tree": common.ROOT}
     if args.against:
         rev = common.rev_info(args.against)
@@ -184,7 +183,7 @@ def run(args) -> dict:
     serve = {}
     if not args.no_serve:
         video = open(clip(minutes[0], size), "rb").read()
-        serve = {side: serve_side(tree, ckpt, video, args.fps, args.repeats) for side, tree in sides.items()}
+        serve = {side: serve_side(tree, demo, video, args.fps, args.repeats) for side, tree in sides.items()}
     d = {"size": list(size), "fps": args.fps, "out_dim": args.out_dim or 128, "sides": list(sides)}
     return d | {"encode": encode, "serve": serve}
 
@@ -223,8 +222,8 @@ def report(result: dict) -> str:
             for s, v in d["serve"].items()
         )
         text += (
-            f"\n\n`serve`, the first clip then a 224x224 PNG 1 s later, medians (one preparation worker; the "
-            f"tree's videos have one of their own): {lat}."
+            f"\n\n`serve` (the tiny tower, D = 128), the first clip then a 224x224 PNG 1 s later, medians (one "
+            f"preparation worker; the tree's videos have one of their own): {lat}."
         )
     return text
 

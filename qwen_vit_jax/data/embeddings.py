@@ -276,7 +276,7 @@ def write_rows(path: str | os.PathLike, rows, grid_thw, offsets, timestamps, nam
         elif suffix == ".npz":
             with os.fdopen(fd, "wb") as f:
                 arrays = {"embeddings": rows, "grid_thw": grid_thw, "offsets": offsets, "timestamps": timestamps}
-                _savez(f, arrays | {"names": np.array(names, dtype=str), "metadata": np.array(json.dumps(metadata))})
+                savez(f, arrays | {"names": np.array(names, dtype=str), "metadata": np.array(json.dumps(metadata))})
                 f.flush()
                 os.fsync(f.fileno())
         else:
@@ -301,9 +301,9 @@ def _inputs(rows, offsets: np.ndarray):
             yield np.concatenate([np.zeros((0, *rows.rest), np.float32), *pieces]).astype(np.float32)
 
 
-def _savez(f, arrays: dict) -> None:
+def savez(f, arrays: dict) -> None:
     """np.savez(f, **arrays), byte for byte, where an array may be a safetensors_io.Rows: its parts
-    written one after another into the member (np.savez would join them first). The members are
+    written one after another into its member (np.savez would join them first). The members are
     stored (not compressed) and zip64, each a .npy file: numpy's header, then the data."""
     from qwen_vit_jax.weights.safetensors_io import Rows
 
