@@ -196,10 +196,12 @@ def report(result: dict) -> str:
         runs = case["runs"]
         m = case["minutes"]
         cells = [f"{m:g} min" if m >= 1 else f"{m * 60:.0f} s", case["out"], runs[sides[0]][0]["frames"]]
+        cells += [f"{runs[sides[0]][0]['row_mib']:,.0f}"] if "row_mib" in runs[sides[0]][0] else []
         cells += [f"{max(r['peak_mib'] for r in runs[s]):,.0f}" for s in sides]
         cells += [f"{statistics.median(r['frames'] / r['seconds'] for r in runs[s]):.1f}" for s in sides]
         rows.append(cells)
-    heads = ["clip", "OUT", "frames"] + [f"{s} peak RSS MiB" for s in sides] + [f"{s} frames/s" for s in sides]
+    heads = ["clip", "OUT", "frames"] + ["row MiB"] * ("row_mib" in d["encode"][0]["runs"][sides[0]][0])
+    heads += [f"{s} peak RSS MiB" for s in sides] + [f"{s} frames/s" for s in sides]
     w, h = d["size"]
     dim = d.get("out_dim", 128)
     text = (
@@ -229,7 +231,7 @@ def report(result: dict) -> str:
 
 
 def _row_multiples(d: dict) -> dict[str, str]:
-    """{"row": the row's MiB a minute, OUT: "OUT: side 1.0x, ..."} from the shortest and the longest
+    """{"row": the row's MB a minute, OUT: "OUT side 1.0x, ..."} from the shortest and the longest
     clip of each OUT; {} for results without the row's size or with one clip length."""
     out = {}
     for fmt in dict.fromkeys(c["out"] for c in d["encode"]):

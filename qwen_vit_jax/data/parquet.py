@@ -19,6 +19,11 @@ group, into a temporary sibling renamed over OUT (atomic), then removes the part
 part without an old OUT: that part is renamed over OUT, the same rows without a second copy). A full disk
 (`files.DiskFull`) removes the part being written, or the merge's temporary file, before it is
 raised: the completed parts and OUT stay as they were.
+
+The rows go to pyarrow without a copy (`embedding_array`), but pyarrow's writer allocates several
+times a row group's embedding bytes while it writes the group, and a row group holds whole rows:
+one input is one parquet row, so a long video's row costs that many times its size (RESULTS.md,
+Long videos; .safetensors and .npz write a row from where it is held).
 """
 
 from __future__ import annotations
