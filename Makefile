@@ -4,10 +4,12 @@
 # Both are idempotent: an install step runs again only when pyproject.toml changes (its stamp file
 # is named by the file's hash), so a second run installs nothing.
 #   make test VENV=/tmp/v PYTEST_ARGS='-m "not slow"'   another venv, the fast subset
+#   make test JOBS=0                                     the suite in one process (JOBS: pytest-xdist workers)
 
 VENV ?= .venv
 PYTHON ?= python3
 PYTEST_ARGS ?=
+JOBS ?= 2
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
@@ -63,16 +65,21 @@ lint: $(TESTING)
 	$(VENV)/bin/ruff format --check .
 
 # vLLM's CPU build in a venv of its own (vLLM pins transformers and numba apart from ours; in the user's
-# cache folder, shared by clones), for tests/test_vllm.py. tests/vllm_env.py builds it, or reuses it while
-# its pins stay the same (a stamp named by their hash); where the registry lacks a package it says so and
-# the tests skip.
+# cache folder, shared by clones), for tests/test_vllm.py. benchmarks/workloads/vllm_env.py builds it, or
+# reuses it while its pins stay the same (a stamp named by their hash); where the registry lacks a package
+# it says so and the tests skip.
 vllm-venv:
-	$(PYTHON) tests/vllm_env.py
+	$(PYTHON) benchmarks/workloads/vllm_env.py
 
-# JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
-# tests/test_aot.py, which must not skip here. pytest exits 5 when it collected no test: a failure. The 15
-# slowest tests are listed at the end: the budget (docs/testing.md) is watched there.
-test: lint vllm-venv
+# The venv and the vLLM venv are installed side by side (-j2: both are mostly pip's downloads and
+# unpacking). JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
+# tests/test_aot.py, which must not skip here. The suite runs on JOBS pytest-xdist workers (0: in this
+# process), a test module, the real-size cases and the users of the session's Ray each on one worker
+# (tests/conftest.py). pytest exits 5 when it collected no test: a failure. The 15 slowest tests are
+# listed at the end: the budget (docs/testing.md) is watched there.
+test:
+	@$(MAKE) --no-print-directory -j2 lint vllm-venv
 	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
-	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+		-n $(JOBS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc

@@ -106,6 +106,12 @@ SUITES = {
             "`lm_inputs` vs HF's get_rope_index + placeholder masks",
         ),
         Suite(
+            "vllm_store",
+            "vLLM reading our embeddings",
+            "Time to first token: vLLM's tower vs our store",
+            "vLLM's time to first token with its own tower vs reading our encoder-cache store",
+        ),
+        Suite(
             "serve",
             "Service",
             "Under load, faults and bad input",

@@ -76,6 +76,28 @@ def ray_local():
     ray.shutdown()
 
 
+HEAVY_GROUPS = ("real-size", "ray")  # started first: the run's longest units
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The units pytest-xdist hands to a worker (`make test`: -n 2 --dist loadgroup): a test module
+    (its module fixtures built once), all real-size cases (one at a time: each holds GBs) and all
+    users of the session's Ray (one cluster). The heavy units come first, so that they do not end
+    the run alone on one worker; without xdist the order changes the same way and nothing else."""
+
+    def group(item) -> str:
+        if item.get_closest_marker("slow"):
+            return "real-size"
+        if "ray_local" in item.fixturenames:
+            return "ray"
+        return item.nodeid.split("::")[0]
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: HEAVY_GROUPS.index(g) if (g := group(item)) in HEAVY_GROUPS else len(HEAVY_GROUPS))
+
+
 def pytest_runtest_teardown(item, nextitem):
     """Stop the session's Ray once no later test uses it: the tests after it run without its processes."""
     if "ray_local" in item.fixturenames:

@@ -1,10 +1,10 @@
 """qwen_vit_jax.vllm: the store's file layout and atomicity, the identifiers, `encode` / `serve`
 with --vllm-store, and the whole thing against vLLM itself.
 
-Against vLLM (tests/vllm_env.py builds its venv; `make test` does so first): per family (Qwen2.5-VL,
-Qwen3-VL) a tiny checkpoint with tokenizer and processor (tests/vllm_cases.py), our embeddings
+Against vLLM (benchmarks/workloads/vllm_env.py builds its venv; `make test` does so first): per family (Qwen2.5-VL,
+Qwen3-VL) a tiny checkpoint with tokenizer and processor (benchmarks/workloads/vllm_cases.py), our embeddings
 (`mm_data`), a store written by our `encode` (sha256 identifiers, sent as multi_modal_uuids) and by
-our service (vLLM's own identifiers of the images), then ONE vLLM engine (tests/vllm_engine.py, a
+our service (vLLM's own identifiers of the images), then ONE vLLM engine (benchmarks/workloads/vllm_engine.py, a
 consumer of that store) runs every case and writes its results; the tests here read them:
 
   * embeddings in the request give vLLM's greedy tokens with the pixels, logprobs within 1e-4, for
@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.workloads import vllm_cases as vc
+from benchmarks.workloads import vllm_env
 from qwen_vit_jax.errors import BadInput
 from qwen_vit_jax.vllm import StoreWriter, read_store, store_path, vllm_layout, write_store
 from qwen_vit_jax.vllm.ids import VLLM_TESTED, Ids, sha256_id, vllm_image_id
-from tests import vllm_cases as vc
-from tests import vllm_env
 
 LOGPROB_TOL = 1e-4
 

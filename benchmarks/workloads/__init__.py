@@ -5,6 +5,10 @@
              clients, malformed bodies, the server's RSS and workers
   attacks    hostile clients: silent, slow and stalled sockets
   sessions   the live processes of a session (what a kill must leave behind: nothing)
+  clips      test videos written with PyAV (moving shapes over a gradient, odd sizes and frame rates)
+  vllm_env   vLLM's CPU build in a venv of its own (`make test` builds it: a script, run by path)
+  vllm_cases tiny checkpoints vLLM serves (tokenizer, processor), their inputs, and the run of
+             vllm_engine.py (vLLM's side, a script of the vLLM venv)
 
 Tests import them as `from benchmarks.workloads import traffic` (the repository root is on sys.path:
 `python -m pytest`, or pytest's `pythonpath` setting in pyproject.toml). Nothing here imports jax or

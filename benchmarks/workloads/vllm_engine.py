@@ -1,6 +1,6 @@
-"""vLLM's side of tests/test_vllm.py, run in the vLLM venv (tests/vllm_env.py) as a script:
+"""vLLM's side of tests/test_vllm.py, run in the vLLM venv (benchmarks/workloads/vllm_env.py) as a script:
 
-    python tests/vllm_engine.py PLAN.json RESULTS.json
+    python benchmarks/workloads/vllm_engine.py PLAN.json RESULTS.json
 
 One engine per run (one start per configuration), every case of the plan through it, the results as
 JSON: per case the greedy tokens and every step's top logprobs; the store items vLLM's connector logged as

@@ -1,6 +1,6 @@
 """What tests/test_vllm.py gives vLLM: tiny Qwen2.5-VL and Qwen3-VL checkpoints that vLLM serves
 (config, random weights, a byte-level BPE tokenizer with Qwen's special tokens, a Qwen-style chat
-template, the processor configs), the inputs, and the run of tests/vllm_engine.py in the vLLM venv.
+template, the processor configs), the inputs, and the run of benchmarks/workloads/vllm_engine.py in the vLLM venv.
 
 The checkpoints are written here, with this venv's transformers (vLLM's own reads them): the
 processor configs as JSON, since this venv has no torchvision for HF's video processors. The LM head
@@ -71,7 +71,7 @@ def write_checkpoint(
     out: pathlib.Path, family: str, seed: int = 0, *, text_over=None, vision_over=None, max_pixels: int | None = None
 ) -> pathlib.Path:
     """A tiny HF checkpoint of `family` that vLLM serves: weights, tokenizer, chat template, processor.
-    `text_over` / `vision_over`: config fields over the tiny ones (benchmarks/bench_vllm.py: the real 3B
+    `text_over` / `vision_over`: config fields over the tiny ones (benchmarks/vllm_store.py: the real 3B
     tower); `max_pixels`: the processors' bound (default 1024 merge units)."""
     import torch
     import transformers
@@ -186,7 +186,7 @@ def prompt(kind: str) -> str:
 
 
 def run_engine(python: pathlib.Path, plan: dict, folder: pathlib.Path, timeout: float = 900) -> dict:
-    """tests/vllm_engine.py with `plan` in the vLLM venv: its results, with the run's wall time. The
+    """benchmarks/workloads/vllm_engine.py with `plan` in the vLLM venv: its results, with the run's wall time. The
     engine's log is kept in `folder` (engine.log) and its tail shown on a failure."""
     plan_file, results_file, log = folder / "plan.json", folder / "results.json", folder / "engine.log"
     plan_file.write_text(json.dumps(plan, indent=1))

@@ -1,8 +1,8 @@
 """The vLLM venv of tests/test_vllm.py: vLLM's CPU build beside (never inside) the project's venv,
 built once and reused while its pins stay the same.
 
-    python tests/vllm_env.py            # build or reuse it (what `make test` runs first); prints timings
-    python tests/vllm_env.py --check    # exit 0 when it is built and current
+    python benchmarks/workloads/vllm_env.py            # build or reuse it (what `make test` runs first); prints timings
+    python benchmarks/workloads/vllm_env.py --check    # exit 0 when it is built and current
 
 Why a second venv: vLLM 0.32.0 pins transformers < 5.20 and numba 0.65 (the project's venv has newer
 ones), and brings its own torch. The stamp `.stamp-<hash>` names the hash of PINS, WORKAROUND and the
