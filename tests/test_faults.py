@@ -88,11 +88,11 @@ def run(capsys, args: list[str]) -> tuple[int, str]:
 
 def full_disk_from(monkeypatch, at: int) -> None:
     """Make the writes of every output format fail with ENOSPC from write `at` on, the way each writer
-    reports a full disk (pyarrow and numpy an OSError, safetensors its own type), after writing its
+    reports a full disk (an OSError: pyarrow's, our safetensors and npz writers'), after writing its
     bytes (a partial file is left to clean up)."""
     import pyarrow.parquet as pq
-    from safetensors import SafetensorError
 
+    from qwen_vit_jax.data import embeddings
     from qwen_vit_jax.weights import safetensors_io
 
     writes = []
@@ -110,15 +110,9 @@ def full_disk_from(monkeypatch, at: int) -> None:
     monkeypatch.setattr(
         pq.ParquetWriter, "write_table", failing(pq.ParquetWriter.write_table, OSError(errno.ENOSPC, no_space))
     )
-    monkeypatch.setattr(
-        safetensors_io,
-        "save_file",
-        failing(
-            safetensors_io.save_file,
-            SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-        ),
-    )
-    monkeypatch.setattr(np, "savez", failing(np.savez, OSError(errno.ENOSPC, "No space left on device")))
+    for module, name in ((safetensors_io, "write_safetensors"), (embeddings, "savez")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, failing(real, OSError(errno.ENOSPC, "No space left on device")))
 
 
 def start_paused(args: list[str], flag: pathlib.Path, at: int = 2, **popen) -> subprocess.Popen:

@@ -196,7 +196,7 @@ def test_the_cache_layout_does_not_grow_a_folder_per_fps(server, tmp_path):
 
 def test_a_cache_that_cannot_be_written_or_read_fails_soft(tiny_dirs, tiny_encoder, tmp_path, monkeypatch, caplog):
     """--cache naming a file (no directory can be made: the lookups miss, the writes fail) and a full
-    disk (safetensors raises its own SafetensorError, not an OSError): answered 200, each failure
+    disk (here a writer's own error type, SafetensorError, not an OSError): answered 200, each failure
     counted in qvj_cache_errors_total{op}, logged as a warning without a traceback."""
     safetensors = pytest.importorskip("safetensors")
     from qwen_vit_jax.weights import safetensors_io

@@ -133,7 +133,7 @@ def _checksum(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
         h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))  # its bytes, not a copy (a video's row)
     return h.hexdigest()
 
 

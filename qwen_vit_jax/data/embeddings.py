@@ -240,17 +240,25 @@ def _read_file(path: pathlib.Path) -> Embeddings:
 
 
 def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
-    """Write `e` to `path` (.safetensors or .npz) atomically: a temporary sibling, fsynced, renamed."""
-    from qwen_vit_jax.weights.safetensors_io import write_safetensors
+    """Write `e` to `path` (.safetensors, .npz or .parquet) atomically: a temporary sibling, fsynced,
+    renamed."""
+    from qwen_vit_jax.weights.safetensors_io import Rows
+
+    emb = np.asarray(e.embeddings)
+    write_rows(path, Rows([emb], emb.shape[1:], np.float32), e.grid_thw, e.offsets, e.timestamps, e.names, e.metadata)
+
+
+def write_rows(path: str | os.PathLike, rows, grid_thw, offsets, timestamps, names: list[str], metadata: dict) -> None:
+    """`write_embeddings` of the embeddings `rows` (a safetensors_io.Rows: float32 [n_i, D] parts
+    joined along tokens, e.g. an encode run's rows one per input) with the other fields of an
+    `Embeddings`: the same file, its parts written one after another, never joined in memory
+    (.parquet: a part that holds several inputs is cut into views)."""
+    from qwen_vit_jax.weights import safetensors_io
 
     path = pathlib.Path(path)
     suffix = check_suffix(path)
-    arrays = {
-        "embeddings": np.asarray(e.embeddings, np.float32),
-        "grid_thw": np.asarray(e.grid_thw, np.int64),
-        "offsets": np.asarray(e.offsets, np.int64),
-        "timestamps": np.asarray(e.timestamps, np.float64),
-    }
+    grid_thw, offsets = np.asarray(grid_thw, np.int64), np.asarray(offsets, np.int64)
+    timestamps = np.asarray(timestamps, np.float64)
 
     def write(tmp: str, fd: int) -> None:
         if suffix == ".parquet":
@@ -259,23 +267,56 @@ def write_embeddings(path: str | os.PathLike, e: Embeddings) -> None:
             from qwen_vit_jax.data.parquet import rows_table
 
             os.close(fd)
-            t = np.concatenate([[0], np.cumsum(e.grid_thw[:, 0])]).astype(int)
-            stamps = [e.timestamps[t[i] : t[i + 1]] for i in range(len(e))]
-            meta = {k: v for k, v in e.metadata.items() if k != "sha256"}  # a column in parquet
-            embs = [e[i] for i in range(len(e))]
-            table = rows_table(e.names, e.grid_thw, embs, stamps, e.embeddings.shape[1], meta, e.metadata.get("sha256"))
+            t = np.concatenate([[0], np.cumsum(grid_thw[:, 0])]).astype(int)
+            stamps = [timestamps[t[i] : t[i + 1]] for i in range(len(names))]
+            meta = {k: v for k, v in metadata.items() if k != "sha256"}  # a column in parquet
+            embs = list(_inputs(rows, offsets))
+            table = rows_table(names, grid_thw, embs, stamps, rows.rest[0], meta, metadata.get("sha256"))
             pq.write_table(table, tmp)
         elif suffix == ".npz":
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays, names=np.array(e.names, dtype=str), metadata=np.array(json.dumps(e.metadata)))
+                arrays = {"embeddings": rows, "grid_thw": grid_thw, "offsets": offsets, "timestamps": timestamps}
+                savez(f, arrays | {"names": np.array(names, dtype=str), "metadata": np.array(json.dumps(metadata))})
                 f.flush()
                 os.fsync(f.fileno())
         else:
             os.close(fd)
-            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in e.metadata.items()}
-            write_safetensors(tmp, arrays, dict(meta, names=json.dumps(e.names)))
+            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+            arrays = {"embeddings": rows, "grid_thw": grid_thw, "offsets": offsets, "timestamps": timestamps}
+            safetensors_io.write_safetensors(tmp, arrays, dict(meta, names=json.dumps(names)))
 
     _atomic(path, write)
+
+
+def _inputs(rows, offsets: np.ndarray):
+    """Each input's tokens [offsets[i+1] - offsets[i], D] out of `rows`' parts: a view of the part
+    that holds it (joined only for an input across parts)."""
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in rows.parts])]).astype(np.int64)
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        k = int(np.searchsorted(starts, a, side="right")) - 1  # the part holding its first token
+        if k < len(rows.parts) and b <= starts[k + 1]:
+            yield np.asarray(rows.parts[k][a - starts[k] : b - starts[k]], np.float32)
+        else:
+            pieces = [p[max(a - s, 0) : max(b - s, 0)] for p, s in zip(rows.parts, starts[:-1])]
+            yield np.concatenate([np.zeros((0, *rows.rest), np.float32), *pieces]).astype(np.float32)
+
+
+def savez(f, arrays: dict) -> None:
+    """np.savez(f, **arrays), byte for byte, where an array may be a safetensors_io.Rows: its parts
+    written one after another into its member (np.savez would join them first). The members are
+    stored (not compressed) and zip64, each a .npy file: numpy's header, then the data."""
+    from qwen_vit_jax.weights.safetensors_io import Rows
+
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(name + ".npy", "w", force_zip64=True) as member:  # as numpy's _savez opens each
+                if not isinstance(a, Rows):
+                    np.lib.format.write_array(member, np.asanyarray(a))
+                    continue
+                header = {"descr": np.lib.format.dtype_to_descr(a.dtype), "fortran_order": False, "shape": a.shape}
+                np.lib.format.write_array_header_1_0(member, header)  # what write_array writes for this shape
+                for part in a.parts:
+                    member.write(np.ascontiguousarray(part, a.dtype).reshape(-1).view(np.uint8))
 
 
 def write_index(path: str | os.PathLike, count: int) -> pathlib.Path:

@@ -13,7 +13,9 @@ run encodes is added to it. Which inputs share a call is runtime/batching.py's `
 A long video goes through in pieces, frame groups of at most the patch budget decoded by a worker as
 they are encoded (pipeline.py): a run holds a few groups of frames, never a video, and its progress
 counts the frames of the video being read. The rows a format holds until the end (.safetensors and
-.npz: every row; .parquet: a row group) are the only memory that grows with the run.
+.npz: every row; .parquet: a row group) are the only memory that grows with the run, each held once:
+a video's row is filled as its groups are encoded, and written from where it is held (sinks.py;
+pyarrow's parquet writer alone takes several times a row group's bytes while writing it).
 
 Nothing here is half-written: OUT is only ever replaced whole, with the inputs finished so far,
 whether the run ends, is interrupted (Ctrl-C, SIGTERM) or loses a worker process. A full disk or a
@@ -33,6 +35,7 @@ from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.pipeline import Item, PieceError, WorkerError, load
 from qwen_vit_jax.data.sinks import SAVE_EVERY_S, open_sink
 from qwen_vit_jax.data.stream import count
+from qwen_vit_jax.errors import Internal
 from qwen_vit_jax.files import DiskFull, disk_full
 from qwen_vit_jax.preprocess.config import PreprocessConfig, Preprocessing, preprocessing_from
 from qwen_vit_jax.runtime.batching import Grouping, Packer
@@ -83,14 +86,16 @@ def readable(items: Iterator[Item], failed: list, keep_going: bool) -> Iterator[
 @dataclasses.dataclass(eq=False)
 class _Row:
     """An input on its way to the sink: `how` its row is made ("encode": from its pieces' tokens,
-    `parts`; "copy" of an earlier input of this run, `what` its _Row; "row" of a row written before,
-    `what` the sink's reference; "cached": `what` the cache's row). `open` while its pieces are
-    read; `void` when it failed after some were."""
+    `take`n into `tokens`; "copy" of an earlier input of this run, `what` its _Row; "row" of a row
+    written before, `what` the sink's reference; "cached": `what` the cache's row). `open` while its
+    pieces are read; `void` when it failed after some were."""
 
     item: Item
     how: str
     what: object = None
-    parts: list = dataclasses.field(default_factory=list)
+    tokens: np.ndarray | None = None  # [n, D]: the row, filled piece by piece
+    filled: int = 0  # its tokens so far
+    taken: int = 0  # its pieces whose tokens came back
     pieces: int = 0
     open: bool = False
     void: bool = False
@@ -98,7 +103,18 @@ class _Row:
 
     @property
     def ready(self) -> bool:
-        return not self.open and len(self.parts) == self.pieces
+        return not self.open and self.taken == self.pieces
+
+    def take(self, tokens: np.ndarray, n: int) -> None:
+        """A piece's tokens [k, D], in order, of a row of `n` tokens. A row of one piece (an image) is
+        its tokens as they are; a row in pieces (a long video's frame groups) is written into one
+        array as they come: joined at the end, the row would be held twice."""
+        if self.tokens is None:
+            self.tokens = tokens if len(tokens) == n else np.empty((n, *tokens.shape[1:]), tokens.dtype)
+        if self.tokens is not tokens:
+            self.tokens[self.filled : self.filled + len(tokens)] = tokens
+        self.filled += len(tokens)
+        self.taken += 1
 
 
 class _Rows:
@@ -162,7 +178,7 @@ class _Rows:
 
     def encoded_parts(self, done: list) -> None:
         for row, tokens in done:
-            row.parts.append(tokens)
+            row.take(tokens, int(np.prod(row.item.grid[0])) // self.packer.merge_unit)
 
     def flush(self) -> None:
         """Encode what waits in the packer, then write every pending row."""
@@ -177,8 +193,9 @@ class _Rows:
                 continue
             item = r.item
             if r.how == "encode":
-                tokens = r.parts[0] if len(r.parts) == 1 else np.concatenate(r.parts)
-                r.row, r.parts = (item.grid[0], tokens, item.timestamps), []
+                if r.filled != len(r.tokens):  # the pieces' rows are the grid's: never, unless a bug
+                    raise Internal(f"{item.name}: {r.filled} tokens encoded of the {len(r.tokens)} its grid makes")
+                r.row, r.tokens = (item.grid[0], r.tokens, item.timestamps), None
                 self.encoded += 1
                 if self.cache is not None and item.digest:
                     self.cache.put(self.keys[item.kind], item.digest, *r.row)

@@ -19,6 +19,11 @@ group, into a temporary sibling renamed over OUT (atomic), then removes the part
 part without an old OUT: that part is renamed over OUT, the same rows without a second copy). A full disk
 (`files.DiskFull`) removes the part being written, or the merge's temporary file, before it is
 raised: the completed parts and OUT stay as they were.
+
+The rows go to pyarrow without a copy (`embedding_array`), but pyarrow's writer allocates several
+times a row group's embedding bytes while it writes the group, and a row group holds whole rows:
+one input is one parquet row, so a long video's row costs that many times its size (RESULTS.md,
+Long videos; .safetensors and .npz write a row from where it is held).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ GROUP_BYTES = 64 << 20  # and embedding bytes per row group at most (a group of 
 # Dictionary pages only where values repeat: the embedding's floats never do, and dictionary-encoding
 # them cost pyarrow's writer ~25x a row group's embedding bytes (4-5x without; a long video is one row).
 WRITE_OPTIONS = {"use_dictionary": ["key", "sha256"]}
+JOIN_BYTES = 1 << 20  # rows under this share one column chunk (joined); a larger one is a chunk of its own
 
 
 def schema(dim: int, metadata: dict):
@@ -68,12 +74,36 @@ def rows_table(keys, grids, embs, stamps, dim: int, metadata: dict, digests=None
 
 
 def embedding_array(embs, dim: int):
-    """float32 [tokens, D] arrays -> the `embedding` column: list<fixed_size_list<float32, D>>."""
+    """float32 [tokens, D] arrays -> the `embedding` column: list<fixed_size_list<float32, D>>, in
+    chunks: consecutive rows under JOIN_BYTES joined into one, a larger row a chunk of its own made
+    on its array's buffer (not copied: a long video's row is gigabytes). pyarrow writes the same
+    bytes however a column is chunked."""
+    import pyarrow as pa
+
+    chunks, run = [], []
+    for e in embs:
+        e = np.asarray(e, np.float32)
+        if e.nbytes < JOIN_BYTES:
+            run.append(e)
+            continue
+        if run:
+            chunks, run = [*chunks, _rows_array(run, dim)], []
+        chunks.append(_rows_array([e], dim))
+    if run or not chunks:
+        chunks.append(_rows_array(run, dim))
+    return pa.chunked_array(chunks, pa.list_(pa.list_(pa.float32(), dim)))
+
+
+def _rows_array(embs: list[np.ndarray], dim: int):
+    """Rows (float32 [tokens, D] each) as one list<fixed_size_list<float32, D>> array; one row's is
+    its buffer (pa.array of a contiguous float32 array is zero-copy)."""
     import pyarrow as pa
 
     lengths = np.array([len(e) for e in embs], np.int32)
     flat = (
-        np.concatenate([np.asarray(e, np.float32).reshape(-1) for e in embs]) if len(embs) else np.zeros(0, np.float32)
+        embs[0].reshape(-1)
+        if len(embs) == 1
+        else np.concatenate([np.zeros(0, np.float32), *(e.reshape(-1) for e in embs)])
     )
     tokens = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim)
     return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)), tokens)

@@ -1,7 +1,7 @@
 """Where the encode loop's rows go: an embeddings file (embeddings.py's safetensors / npz form,
-held in memory and rewritten whole at each save) or a parquet file (parquet.py: written as it goes,
-memory flat in the dataset's size). Both take rows in input order with each input's sha256, give
-back a row written earlier
+held in memory and rewritten whole at each save, written from the rows where they are, never
+joined) or a parquet file (parquet.py: written as it goes, memory flat in the dataset's size). Both
+take rows in input order with each input's sha256, give back a row written earlier
 (`fetch`: the content-hash dedupe copies a duplicate's embedding), save what is done
 (`checkpoint`), and end whole (`finish`); `open_sink` checks a file being resumed against this run's
 settings and lists the keys it holds (`done`) and its rows by sha256 (`seen`: a resumed run copies
@@ -21,10 +21,11 @@ import pathlib
 import numpy as np
 
 from qwen_vit_jax.data import parquet
-from qwen_vit_jax.data.embeddings import Embeddings, EmbeddingsError, check_suffix, read_embeddings, write_embeddings
+from qwen_vit_jax.data.embeddings import Embeddings, EmbeddingsError, check_suffix, read_embeddings, write_rows
 from qwen_vit_jax.data.inputs import EncodeError
 from qwen_vit_jax.data.stream import count
 from qwen_vit_jax.files import DiskFull, disk_full
+from qwen_vit_jax.weights.safetensors_io import Rows
 
 RESUME_KEYS = ("checkpoint", "dtype", "preprocess", "video_preprocess")  # must match to add to a file
 SAVE_EVERY_S = 600.0  # encode's default checkpoint interval (--save-every): a crash costs at most this
@@ -91,26 +92,28 @@ class MemorySink:
             self.finish()
 
     def finish(self) -> None:
-        """OUT rewritten whole: the old rows and every row of this run."""
+        """OUT rewritten whole: the old rows and every row of this run, written from where they are
+        held (joined first, they would cost their size twice: a long video's row is gigabytes)."""
         keys, rows, digests = zip(*self.rows) if self.rows else ((), (), ())
-        new = Embeddings(
-            np.concatenate([np.zeros((0, self.dim), np.float32), *[r[1] for r in rows]]),
-            np.asarray([r[0] for r in rows], np.int64).reshape(-1, 3),
-            np.concatenate([[0], np.cumsum([len(r[1]) for r in rows])]).astype(np.int64),
-            list(keys),
-            dict(self.meta, sha256=list(digests)),
-            np.concatenate([np.zeros(0), *[r[2] for r in rows]]),
+        old = self.old or Embeddings(np.zeros((0, self.dim), np.float32), np.zeros((0, 3), np.int64), [0], [], {})
+        grid = np.concatenate([old.grid_thw, np.asarray([r[0] for r in rows], np.int64).reshape(-1, 3)])
+        lengths = [*np.diff(old.offsets), *[len(r[1]) for r in rows]]
+        arrays = (
+            Rows([old.embeddings, *[r[1] for r in rows]], (self.dim,), np.float32),
+            grid,
+            np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            np.concatenate([old.timestamps, *[r[2] for r in rows]]),
         )
-        if self.old is not None:
-            self.old.metadata["sha256"] = self.old_digests  # concatenate joins the two lists
-        whole = new if self.old is None else Embeddings.concatenate([self.old, new], self.meta)
-        self.row_bytes = _file_bytes(whole) / max(len(whole), 1)
+        names = [*old.names, *keys]
+        meta = {k: v for k, v in self.meta.items() if k != "sha256"} | {"sha256": [*self.old_digests, *digests]}
+        size = sum(np.prod(a.shape) * a.dtype.itemsize for a in arrays) + len(json.dumps([names, meta]))
+        self.row_bytes = size / max(len(names), 1)
         try:
-            write_embeddings(self.target, whole)  # atomic: a failed write leaves OUT as it was
-        except Exception as e:  # noqa: BLE001 (safetensors raises its own error type for a full disk)
+            write_rows(self.target, *arrays, names, meta)  # atomic: a failed write leaves OUT as it was
+        except Exception as e:  # noqa: BLE001 (a full disk: an OSError, or a writer library's own error type)
             if not disk_full(e):
                 raise
-            raise DiskFull(self.target, _file_bytes(whole), "writing it whole") from None
+            raise DiskFull(self.target, int(size), "writing it whole") from None
         self.saved = len(self.rows)
 
     def abandon(self) -> None:
@@ -128,12 +131,6 @@ class MemorySink:
         if self.saved:
             return f"{self.target} keeps the {count(self.saved, 'new input')} of its last save{old}"
         return f"{self.target} is as it was" if self.old is not None else "nothing was written"
-
-
-def _file_bytes(e: Embeddings) -> int:
-    """About the size of `e` as a .safetensors / .npz file: its arrays and its names and metadata."""
-    arrays = (e.embeddings, e.grid_thw, e.offsets, e.timestamps)
-    return sum(np.asarray(a).nbytes for a in arrays) + len(json.dumps([e.names, e.metadata]))
 
 
 class ParquetSink:

@@ -1,7 +1,7 @@
 """Checkpoints in and out. Read in this order:
 
-safetensors_io.py  safetensors files through the `safetensors` package, errors as CheckpointError
-                   naming the file and tensor.
+safetensors_io.py  safetensors files: read through the `safetensors` package, errors as
+                   CheckpointError naming the file and tensor; written part by part.
 keys.py            the key table: every HF vision tensor of every family -> one of our params,
                    its transform and shapes, declared once and read both ways.
 hf_read.py         an HF checkpoint's vision tower -> our params, strictly (only vision shards read).

@@ -1,11 +1,12 @@
 """safetensors files through the `safetensors` package, behind `CheckpointError`.
 
-The package reads (numpy framework, BF16 as ml_dtypes.bfloat16, one tensor at a time) and writes
-(zero-copy from the arrays); its errors name neither the file nor the tensor, so `SafetensorsFile`
-reads the JSON header itself as well (`read_header`: a few hundred bytes) and blames the tensor at
-fault: one that runs past the end, overlaps another or does not fit its dtype and shape. The header
-is also what the package does not check and we need: a duplicated tensor name (JSON lets the second
-silently shadow the first) and each tensor's byte range, which export.py rewrites in place.
+The package reads (numpy framework, BF16 as ml_dtypes.bfloat16, one tensor at a time); its errors
+name neither the file nor the tensor, so `SafetensorsFile` reads the JSON header itself as well
+(`read_header`: a few hundred bytes) and blames the tensor at fault: one that runs past the end,
+overlaps another or does not fit its dtype and shape. The header is also what the package does not
+check and we need: a duplicated tensor name (JSON lets the second silently shadow the first) and
+each tensor's byte range, which export.py rewrites in place. `write_safetensors` writes the
+package's format itself: a tensor may come in parts (`Rows`), written one after another.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
-
-from qwen_vit_jax.files import fsync
+from safetensors.numpy import save
 
 
 class CheckpointError(ValueError):
@@ -198,41 +197,68 @@ def read_safetensors(path: str | os.PathLike, keys: Iterable[str] | None = None)
     return {k: f.get(k) for k in (f.entries if keys is None else keys)}
 
 
+class Rows:
+    """A tensor given as arrays joined along their first axis (each [n_i, *rest]), stored as one
+    tensor [sum n_i, *rest] of `dtype` by `write_safetensors` part after part, never joined in
+    memory: the rows of an embeddings file, a long video's row in its pieces."""
+
+    def __init__(self, parts: Iterable[np.ndarray], rest: tuple[int, ...], dtype):
+        self.parts, self.rest, self.dtype = list(parts), tuple(rest), np.dtype(dtype)
+        for a in self.parts:
+            if np.shape(a)[1:] != self.rest:
+                raise ValueError(f"a part of shape {np.shape(a)} among rows [*, {', '.join(map(str, self.rest))}]")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(len(a) for a in self.parts), *self.rest)
+
+
 def write_safetensors(
-    path: str | os.PathLike, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+    path: str | os.PathLike, tensors: Mapping[str, np.ndarray | Rows], metadata: Mapping[str, str] | None = None
 ) -> None:
-    """Write `tensors` to a safetensors file at `path` (the package's writer), fsynced."""
+    """Write `tensors` (arrays, or `Rows` written part by part) to a safetensors file at `path`,
+    fsynced: the file the package writes for the same arrays, byte for byte (its tensor order, its
+    header), but with the metadata in sorted key order, and written straight from the arrays.
+
+    By hand because the package takes whole arrays only: a tensor in parts would be joined first,
+    a copy of what may be most of memory (an encode run's rows). And the package orders metadata as
+    a Rust HashMap, seeded per process; sorted, another process (a resumed encode run, or one with
+    more workers) writes the same bytes."""
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("safetensors metadata must map str -> str")
-    arrays = {}
+    specs = {}  # name -> (little-endian dtype, shape, parts)
     for name, value in tensors.items():
         if not isinstance(name, str) or name == "__metadata__":
             raise ValueError(f"invalid tensor name {name!r}")
-        a = np.asarray(value)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        if a.dtype not in ST_NAMES:
-            raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors equivalent")
-        arrays[name] = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
-    save_file(arrays, path, metadata=None if metadata is None else dict(metadata))
-    if metadata:
-        _sort_metadata(pathlib.Path(path))
-    fsync(path)
+        if isinstance(value, Rows):
+            parts, shape, given = value.parts, value.shape, value.dtype
+        else:
+            parts = [np.asarray(value)]
+            shape, given = parts[0].shape, parts[0].dtype
+        dtype = given.newbyteorder("<") if given.byteorder == ">" else given
+        if dtype not in ST_NAMES:
+            raise ValueError(f"tensor {name!r}: dtype {given} has no safetensors equivalent")
+        specs[name] = (dtype, shape, parts)
+    head, pos = {} if metadata is None else {"__metadata__": dict(sorted(metadata.items()))}, 0
+    order = _package_order({name: dtype for name, (dtype, _, _) in specs.items()})
+    for name in order:
+        dtype, shape, _ = specs[name]
+        end = pos + math.prod(shape) * dtype.itemsize
+        head[name], pos = {"dtype": ST_NAMES[dtype], "shape": list(shape), "data_offsets": [pos, end]}, end
+    raw = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
+    raw += b" " * (-len(raw) % 8)  # the package pads its header to a multiple of 8 bytes
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for name in order:
+            dtype, _, parts = specs[name]
+            for part in parts:  # C order, little-endian: a view where the part already is, else a copy of it
+                f.write(np.ascontiguousarray(part, dtype).reshape(-1).view(np.uint8))
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _sort_metadata(path: pathlib.Path) -> None:
-    """Put the header's __metadata__ in sorted key order, in place. The package writes it in the
-    order of a Rust HashMap, which is seeded per process: the same tensors and metadata would give
-    other bytes in another process (an encode run resumed, or with more workers, must write the
-    same file as a clean run). Only the header is rewritten, at its own length."""
-    entries, meta, start = read_header(path)
-    with open(path, "r+b") as f:
-        f.seek(8)
-        old = f.read(start - 8)
-        head = {"__metadata__": dict(sorted(meta.items()))} | {
-            k: {"dtype": st, "shape": list(shape), "data_offsets": [b, e]} for k, (st, shape, b, e) in entries.items()
-        }
-        new = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
-        if len(new) <= len(old):  # (always, for what the package writes; else keep its order)
-            f.seek(8)
-            f.write(new + b" " * (len(old) - len(new)))
+def _package_order(dtypes: Mapping[str, np.dtype]) -> list[str]:
+    """The order the package lays tensors out in (by dtype, then by name: its rule, whose dtype
+    order changes between its versions), asked of the package with empty tensors of those dtypes."""
+    raw = save({name: np.zeros(0, dtype) for name, dtype in dtypes.items()})
+    return [k for k in json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")]) if k != "__metadata__"]
