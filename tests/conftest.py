@@ -76,15 +76,15 @@ def ray_local():
     ray.shutdown()
 
 
-HEAVY_GROUPS = ("real-size", "ray")  # started first: the run's longest units
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The units pytest-xdist hands to a worker (`make test`: -n 2 --dist loadgroup): a test module
     (its module fixtures built once), all real-size cases (one at a time: each holds GBs) and all
-    users of the session's Ray (one cluster). The heavy units come first, so that they do not end
-    the run alone on one worker; without xdist the order changes the same way and nothing else."""
+    users of the session's Ray (one cluster). The real-size cases come first, so that they do not
+    end the run alone on one worker; Ray's users last, so that no test runs after them in their
+    process (a test that runs the serve CLI in-process after ray.init loses pytest's captured
+    stderr, as in one process; their modules sort after test_serve.py by name). Without xdist the
+    order changes the same way and nothing else."""
 
     def group(item) -> str:
         if item.get_closest_marker("slow"):
@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: HEAVY_GROUPS.index(g) if (g := group(item)) in HEAVY_GROUPS else len(HEAVY_GROUPS))
+    items.sort(key=lambda item: {"real-size": 0, "ray": 2}.get(group(item), 1))
 
 
 def pytest_runtest_teardown(item, nextitem):
