@@ -49,6 +49,12 @@ SUITES = {
             "host cost per input stage by stage vs a revision and HF; workers",
         ),
         Suite(
+            "encode",
+            "The host path and workers",
+            "The encode loop vs a revision",
+            "`encode` of 1,000 small JPEGs through the host-bound tower: the tree vs a revision, outputs compared",
+        ),
+        Suite(
             "dataset",
             "Datasets",
             "A parquet dataset",

@@ -4,6 +4,9 @@ layout."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
@@ -96,3 +99,22 @@ def assert_converted_equals_hf(hf, hf_dir, cfg, tmp_path) -> None:
     px = random_pixels(cfg, grid, seed=2)
     tokens = qvj.VisionEncoder.from_pretrained(tmp_path / "ours").encode(px, grid)
     assert_fp32_close(tokens, hf_image_features(hf.eval(), px, grid))
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"  # the snapshot of make_hub_cache
+
+
+def make_hub_cache(cache, snapshot_src, repo="Org/Tiny-VL", refs=("main",)):
+    """`snapshot_src` as huggingface_hub caches it: blobs by hash, snapshot files symlinking to them."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (root / "blobs").mkdir()
+    for i, f in enumerate(sorted(snapshot_src.iterdir())):
+        blob = root / "blobs" / f"{i:040x}"
+        shutil.copyfile(f, blob)
+        os.symlink(os.path.relpath(blob, snap), snap / f.name)
+    (root / "refs").mkdir()
+    for ref in refs:
+        (root / "refs" / ref).write_text(COMMIT)
+    return snap

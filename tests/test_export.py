@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from hf_utils import assert_fp32_close, hf_visual, random_pixels
+from hf_utils import assert_fp32_close, hf_visual, make_hub_cache, random_pixels
 from safetensors.torch import load_file, save_file
 from towers import Q2, Q3, Q25
 
@@ -192,8 +192,6 @@ def test_cli_export_and_failures(checkpoints, tmp_path, capsys, monkeypatch):
 
 def test_like_may_be_a_cached_hub_id(checkpoints, tmp_path, monkeypatch):
     """like="Org/Name": the snapshot in the local HF cache (symlinks to blobs), followed to the files."""
-    from test_sources import make_hub_cache
-
     _, src = checkpoints["q25", "bfloat16"]
     make_hub_cache(tmp_path / "hub", src, repo="Org/Export-VL")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

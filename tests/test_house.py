@@ -95,6 +95,21 @@ def test_every_import_points_down_the_layers():
     assert not upward, "imports that do not point down the layers:\n" + "\n".join(upward)
 
 
+def test_no_test_imports_another_test_file():
+    """Tests share helpers through helper modules (tests/towers.py, benchmarks/workloads, ...), never
+    by importing a test file: lazy imports inside functions count."""
+    offenders = []
+    for f in sorted(ROOT.parent.glob("tests/*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + (
+                    [f"{node.module}.{a.name}" for a in node.names] if node.module == "tests" else []
+                )
+            offenders += [f"{f.name}: {n}" for n in names if n.rpartition(".")[2].startswith("test_")]
+    assert not offenders, "tests importing test files:\n" + "\n".join(offenders)
+
+
 def test_no_import_circle():
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []

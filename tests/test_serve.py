@@ -29,7 +29,6 @@ import pytest
 from sample_images import make_image
 
 from benchmarks.workloads import traffic as st
-from qwen_vit_jax.serve.asgi import create_app
 from qwen_vit_jax.serve.settings import Settings
 
 SIZES = [(224, 224), (112, 168)]  # 16x16 and 8x12 patches
@@ -63,20 +62,6 @@ def pngs(images):
     return [png(im) for im in images]
 
 
-@contextlib.asynccontextmanager
-async def served(settings: Settings, encoder=None):
-    """(an httpx client of the app, the app), the app's lifespan running, ready."""
-    app = create_app(settings, encoder=encoder)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            for _ in range(600):
-                if (await client.get("/readyz")).status_code == 200:
-                    break
-                assert app.state.service.error is None, app.state.service.error
-                await asyncio.sleep(0.05)
-            yield client, app
-
-
 def settings_for(ckpt, **kw) -> Settings:
     return Settings(checkpoint=str(ckpt), workers=kw.pop("workers", 0), **kw)
 
@@ -101,7 +86,7 @@ def test_served_equals_encode_images(tiny_dirs, tiny_encoder, images, pngs):
     want = tiny_encoder.encode_images(images)
 
     async def go():
-        async with served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, app):
+        async with st.served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, app):
             assert (await c.get("/healthz")).json() == {"status": "alive"}
             r = await c.post("/v1/embeddings", json=body(*pngs))
             assert r.status_code == 200, r.text
@@ -129,7 +114,7 @@ def test_alone_in_declared_size_is_bit_identical(tiny_dirs, images, pngs):
     enc = VisionEncoder.from_pretrained(tiny_dirs[1])
 
     async def go():
-        async with served(settings_for(tiny_dirs[1], declare=((1, 16, 16),)), enc) as (c, _):
+        async with st.served(settings_for(tiny_dirs[1], declare=((1, 16, 16),)), enc) as (c, _):
             return (await c.post("/v1/embeddings", json=body(pngs[0], encoding_format="base64"))).json()["data"][0]
 
     d = asyncio.run(go())
@@ -141,7 +126,7 @@ def test_safetensors_answer_is_an_embeddings_file(tiny_dirs, tiny_encoder, image
     import qwen_vit_jax as qvj
 
     async def go():
-        async with served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, _):
+        async with st.served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, _):
             return await c.post("/v1/embeddings", json=body(*pngs), headers={"Accept": "application/vnd.safetensors"})
 
     r = asyncio.run(go())
@@ -166,7 +151,7 @@ def test_a_video_item_equals_encode_video(tiny_dirs, tiny_encoder, tmp_path):
         raw = f.read()
 
     async def go():
-        async with served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, _):
+        async with st.served(settings_for(tiny_dirs[1]), tiny_encoder) as (c, _):
             return await c.post("/v1/embeddings", json={"input": [{"video": b64(raw), "fps": 2}]})
 
     r = asyncio.run(go())
@@ -185,7 +170,7 @@ def test_concurrent_requests_share_one_batch(tiny_dirs, tiny_encoder, images, pn
 
     async def go():
         s = settings_for(tiny_dirs[1], max_wait_ms=1500, cache_bytes=0)
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             rs = await asyncio.gather(*[c.post("/v1/embeddings", json=body(x)) for x in raws])
             return rs, app.state.service.batcher.batches, metric(app, "qvj_batch_items_sum")
 
@@ -200,7 +185,7 @@ def test_concurrent_requests_share_one_batch(tiny_dirs, tiny_encoder, images, pn
 def test_batches_are_cut_at_the_patch_budget(tiny_dirs, tiny_encoder, pngs):
     async def go():
         s = settings_for(tiny_dirs[1], max_wait_ms=1500, max_batch_patches=256, cache_bytes=0)
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             ims = [png(make_image(224, 224, seed=20 + i)) for i in range(3)]  # 256 patches each
             rs = await asyncio.gather(*[c.post("/v1/embeddings", json=body(x)) for x in ims])
             return [r.status_code for r in rs], app.state.service.batcher.batches
@@ -245,7 +230,7 @@ def test_cache_hits_and_in_flight_dedup(tiny_dirs, tiny_encoder, pngs, tmp_path)
     s = settings_for(tiny_dirs[1], max_wait_ms=500, cache=str(tmp_path / "cache"))
 
     async def first():
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             rs = await asyncio.gather(*[c.post("/v1/embeddings", json=body(pngs[0])) for _ in range(3)])
             again = await c.post("/v1/embeddings", json=body(pngs[0]))
             m = {k: metric(app, "qvj_cache_total", result=k) for k in ("memory", "inflight", "miss", "disk")}
@@ -259,7 +244,7 @@ def test_cache_hits_and_in_flight_dedup(tiny_dirs, tiny_encoder, pngs, tmp_path)
     assert len(list((tmp_path / "cache").rglob("*.safetensors"))) == 1
 
     async def second():
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             r = await c.post("/v1/embeddings", json=body(pngs[0]))
             return r, metric(app, "qvj_cache_total", result="disk"), app.state.service.batcher.batches
 
@@ -288,7 +273,7 @@ def test_limits_and_bad_input(tiny_dirs, tiny_encoder, pngs):
     ]
 
     async def go():
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             out = [await c.post("/v1/embeddings", json=b) for b, _, _ in bad]
             out.append(await c.post("/v1/embeddings", content=b"{" + b" " * 300_000 + b"}"))
             out.append(await c.post("/v1/embeddings", content=b"{not json"))
@@ -308,7 +293,7 @@ def test_a_bad_item_fails_only_its_own_request(tiny_dirs, tiny_encoder, images, 
     want = tiny_encoder.encode_images([images[0]])[0]
 
     async def go():
-        async with served(settings_for(tiny_dirs[1], max_wait_ms=300), tiny_encoder) as (c, app):
+        async with st.served(settings_for(tiny_dirs[1], max_wait_ms=300), tiny_encoder) as (c, app):
             return await asyncio.gather(
                 c.post("/v1/embeddings", json=body(pngs[0])), c.post("/v1/embeddings", json=body(pngs[0], broken))
             )
@@ -320,7 +305,7 @@ def test_a_bad_item_fails_only_its_own_request(tiny_dirs, tiny_encoder, images, 
 
 def test_full_queue_gets_429_with_retry_after(tiny_dirs, tiny_encoder, pngs):
     async def go():
-        async with served(settings_for(tiny_dirs[1], max_queue=2, max_wait_ms=800), tiny_encoder) as (c, app):
+        async with st.served(settings_for(tiny_dirs[1], max_queue=2, max_wait_ms=800), tiny_encoder) as (c, app):
             first = asyncio.ensure_future(c.post("/v1/embeddings", json=body(pngs[0], pngs[1])))
             while app.state.service.queued < 2:
                 await asyncio.sleep(0.01)
@@ -355,7 +340,7 @@ def test_api_key(tiny_dirs, tiny_encoder, pngs, tmp_path):
     Settings(checkpoint="x", host="0.0.0.0", api_key_file=str(key))  # allowed with a key
 
     async def go():
-        async with served(settings_for(tiny_dirs[1], api_key_file=str(key)), tiny_encoder) as (c, _):
+        async with st.served(settings_for(tiny_dirs[1], api_key_file=str(key)), tiny_encoder) as (c, _):
             return [
                 (await c.post("/v1/embeddings", json=body(pngs[1]))).status_code,
                 (
@@ -377,7 +362,7 @@ def test_a_client_that_disconnects_cancels_its_queued_items(tiny_dirs, tiny_enco
     batch. The item is withdrawn: no device call, the queue empty again."""
 
     async def go():
-        async with served(settings_for(tiny_dirs[1], max_wait_ms=60_000, cache_bytes=0), tiny_encoder) as (c, app):
+        async with st.served(settings_for(tiny_dirs[1], max_wait_ms=60_000, cache_bytes=0), tiny_encoder) as (c, app):
             svc, sent, gone = app.state.service, [], asyncio.Event()
             payload = json.dumps(body(png(make_image(64, 96, seed=3)))).encode()
             messages = [{"type": "http.request", "body": payload, "more_body": False}]
@@ -415,7 +400,7 @@ def test_a_client_that_disconnects_cancels_its_queued_items(tiny_dirs, tiny_enco
 def test_request_timeout_gets_504(tiny_dirs, tiny_encoder, pngs):
     async def go():
         s = settings_for(tiny_dirs[1], max_wait_ms=60_000, request_timeout_s=0.3, cache_bytes=0)
-        async with served(s, tiny_encoder) as (c, app):
+        async with st.served(s, tiny_encoder) as (c, app):
             r = await c.post("/v1/embeddings", json=body(pngs[1]))
             return r, app.state.service.queued, app.state.service.batcher.waiting()
 
@@ -429,7 +414,7 @@ def test_a_dead_worker_is_replaced_and_its_item_gets_503(tiny_dirs, tiny_encoder
     slow = png(make_image(3000, 3000, seed=5))  # long enough to prepare to be killed in the middle
 
     async def go():
-        async with served(settings_for(tiny_dirs[1], workers=1, cache_bytes=0), tiny_encoder) as (c, app):
+        async with st.served(settings_for(tiny_dirs[1], workers=1, cache_bytes=0), tiny_encoder) as (c, app):
             pool = app.state.service.pool
             (first,) = pool.pids()
             os.kill(first, signal.SIGKILL)

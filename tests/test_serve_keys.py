@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from PIL import Image
 from sample_images import make_image
 
-from qwen_vit_jax.serve.asgi import create_app
+from benchmarks.workloads import traffic as st
 from qwen_vit_jax.serve.settings import Settings
 
 
@@ -51,11 +52,13 @@ def other_ckpt(tmp_path_factory):
     return convert_checkpoint(write_random_hf_checkpoint(TINY, root / "hf", seed=7), root / "converted")
 
 
+@contextlib.contextmanager
 def serve(ckpt, encoder, **kw):
-    from test_serve import free_port, uvicorn_thread
-
-    settings = Settings(checkpoint=str(ckpt), workers=0, max_wait_ms=1, **kw)
-    return uvicorn_thread(create_app(settings, encoder=encoder), free_port())
+    """The app on uvicorn in a thread of this process, ready: its URL."""
+    settings = Settings(checkpoint=str(ckpt), port=st.free_port(), workers=0, max_wait_ms=1, **kw)
+    with st.in_thread(settings, encoder) as (url, app):
+        assert app.state.service.error is None, app.state.service.error
+        yield url
 
 
 def test_the_same_bytes_as_an_image_and_as_a_video(tiny_dirs, tiny_encoder, tmp_path):
@@ -145,8 +148,6 @@ def test_keys_follow_the_preprocessing_the_workers_use(tiny_dirs, tiny_encoder):
 def test_warmup_batches_compiles_the_declared_sizes_batch_shapes(tiny_dirs, caplog):
     """--warmup-batches: before /readyz the batch shapes of the declared size under the budget are
     compiled (logged: how many, how long); concurrent requests then compile nothing and share calls."""
-    from test_serve import png, served
-
     from qwen_vit_jax.runtime.encoder import VisionEncoder
 
     enc = VisionEncoder.from_pretrained(tiny_dirs[1])
@@ -162,9 +163,9 @@ def test_warmup_batches_compiles_the_declared_sizes_batch_shapes(tiny_dirs, capl
     assert s_cold.warmup_batches and not Settings(checkpoint="x").warmup_batches  # on with a compile cache
 
     async def go():
-        async with served(s, enc) as (c, app):
+        async with st.served(s, enc) as (c, app):
             programs = app.state.metrics.registry.get_sample_value("qvj_programs")
-            ims = [png(make_image(112, 112, seed=40 + i)) for i in range(4)]  # 8 x 8 patches each
+            ims = [encoded(make_image(112, 112, seed=40 + i), "PNG") for i in range(4)]  # 8 x 8 patches each
             rs = await asyncio.gather(*[c.post("/v1/embeddings", json={"input": [{"image": b64(x)}]}) for x in ims])
             after = app.state.metrics.registry.get_sample_value("qvj_programs")
             return [r.status_code for r in rs], programs, after, app.state.service.batcher.batches

@@ -5,13 +5,13 @@ hub id in a local cache laid out like huggingface_hub's (HF_HUB_CACHE / HF_HOME,
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 
 import jax
 import numpy as np
 import pytest
+from hf_utils import COMMIT, make_hub_cache
 from sample_images import make_image
 
 import qwen_vit_jax as qvj
@@ -27,7 +27,6 @@ from qwen_vit_jax.weights.sources import (
 )
 
 GRID = np.array([[1, 8, 12], [2, 4, 4]])
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def forward(model, px, grid):
@@ -59,22 +58,6 @@ def sharded_hf(tiny_dirs, tmp_path_factory):
     for name in ("config.json", "preprocessor_config.json"):
         shutil.copyfile(hf / name, root / name)
     return root
-
-
-def make_hub_cache(cache, snapshot_src, repo="Org/Tiny-VL", refs=("main",)):
-    """`snapshot_src` as huggingface_hub caches it: blobs by hash, snapshot files symlinking to them."""
-    root = cache / ("models--" + repo.replace("/", "--"))
-    snap = root / "snapshots" / COMMIT
-    snap.mkdir(parents=True)
-    (root / "blobs").mkdir()
-    for i, f in enumerate(sorted(snapshot_src.iterdir())):
-        blob = root / "blobs" / f"{i:040x}"
-        shutil.copyfile(f, blob)
-        os.symlink(os.path.relpath(blob, snap), snap / f.name)
-    (root / "refs").mkdir()
-    for ref in refs:
-        (root / "refs" / ref).write_text(COMMIT)
-    return snap
 
 
 def test_three_kinds_load_the_same_tower(tiny_dirs, sharded_hf, tmp_path, monkeypatch):

@@ -68,6 +68,25 @@ def in_thread(settings, encoder=None, wait_ready: bool = True):
         t.join(60)
 
 
+@contextlib.asynccontextmanager
+async def served(settings, encoder=None):
+    """create_app(settings) behind an httpx client of its ASGI app (no socket), its lifespan
+    running, until ready: (client, app)."""
+    import httpx
+
+    from qwen_vit_jax import serve
+
+    app = serve.create_app(settings, encoder=encoder)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            for _ in range(600):
+                if (await client.get("/readyz")).status_code == 200:
+                    break
+                assert app.state.service.error is None, app.state.service.error
+                await asyncio.sleep(0.05)
+            yield client, app
+
+
 class Server:
     """`qwen-vit-jax serve CKPT --port P ARGS` in a subprocess, ready (GET /readyz 200) on entry,
     stopped with SIGTERM (then SIGKILL after `stop_timeout` s) on exit; its output goes to `log`. It
