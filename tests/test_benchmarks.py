@@ -18,7 +18,7 @@ from benchmarks import __main__ as runner
 from benchmarks import common, render
 from benchmarks.registry import SUITES
 
-MAX_PAGE_LINES = 540
+MAX_PAGE_LINES = 560
 
 
 @pytest.fixture(scope="module")
