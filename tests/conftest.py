@@ -28,9 +28,20 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
 
+import sys
+
 import pytest
 
 from qwen_vit_jax.tools.demo import TINY
+
+try:  # absl (grain's and Ray's logging) keeps the stderr of its import: here pytest's capture file. A test
+    # that configures logging (uvicorn's dictConfig: the serve CLI run in-process) closes every handler,
+    # absl's closes its stream, and every later test in the process fails. sys.__stderr__ it never closes.
+    from absl import logging as absl_logging
+
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
+except ImportError:
+    pass
 
 # The CLIs the tests start and then Ctrl-C must start as a terminal's foreground job does. A suite
 # started as a background job (`pytest &`) has SIGINT ignored, every child inherits that, and a CLI
@@ -80,11 +91,8 @@ def ray_local():
 def pytest_collection_modifyitems(config, items):
     """The units pytest-xdist hands to a worker (`make test`: -n 2 --dist loadgroup): a test module
     (its module fixtures built once), all real-size cases (one at a time: each holds GBs) and all
-    users of the session's Ray (one cluster). The real-size cases come first, so that they do not
-    end the run alone on one worker; Ray's users last, so that no test runs after them in their
-    process (a test that runs the serve CLI in-process after ray.init loses pytest's captured
-    stderr, as in one process; their modules sort after test_serve.py by name). Without xdist the
-    order changes the same way and nothing else."""
+    users of the session's Ray (one cluster). These two heavy units come first, so that neither ends
+    the run alone on one worker; without xdist the order changes the same way and nothing else."""
 
     def group(item) -> str:
         if item.get_closest_marker("slow"):
@@ -95,7 +103,7 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: {"real-size": 0, "ray": 2}.get(group(item), 1))
+    items.sort(key=lambda item: {"real-size": 0, "ray": 1}.get(group(item), 2))
 
 
 def pytest_runtest_teardown(item, nextitem):
