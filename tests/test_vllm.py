@@ -157,7 +157,7 @@ def test_mm_data_layout(tiny_encoder):
     assert mm_data(tiny_encoder, images=[png_bytes(ims[0])])["image"]["image_grid_thw"].tolist() == [[1, 4, 6]]
     with pytest.raises(BadInput, match="source_fps"):
         mm_data(tiny_encoder, videos=[frames])
-    assert sorted(mm_data(tiny_encoder, images=ims[:1], videos=[], fps=2.0)) == ["image"]  # DESIGN.md's call
+    assert sorted(mm_data(tiny_encoder, images=ims[:1], videos=[], fps=2.0)) == ["image"]  # docs/api.md's contract
 
 
 @pytest.fixture(scope="module")
