@@ -237,18 +237,12 @@ def run(args) -> dict:
     }
     if python is None:
         return out
+    from benchmarks.workloads import vllm_cases
+
     stored = [{"file": str(f), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()} for f in ours_files[1:]]
     pairs = [(str(vllm_files[i]), stored[i % len(stored)]) for i in range(args.rounds)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JAX_", "XLA_"))}
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_LOGGING_LEVEL="DEBUG",  # the connector's "Success load encoder cache" line is at DEBUG
-        HF_HUB_OFFLINE="1",
-    )
     payload = {"ckpt": ckpt, "dtype": args.dtype, "store": str(store), "warm": str(vllm_files[-1]), "pairs": pairs}
-    theirs = common.run_worker(__name__, "vllm", payload, env=env, python=python)
+    theirs = common.run_worker(__name__, "vllm", payload, env=vllm_cases.engine_env(), python=python)
     expected = {b["sha256"] for _, b in pairs}
     if set(theirs["loaded"]) != expected:
         raise RuntimeError(f"vLLM loaded {sorted(theirs['loaded'])} from the store, not {sorted(expected)}")

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.workloads import traffic as st
 from benchmarks.workloads import vllm_cases as vc
 from benchmarks.workloads import vllm_env
 from qwen_vit_jax.errors import BadInput
@@ -377,26 +378,16 @@ def torch_save(mm: dict, path: pathlib.Path) -> None:
 
 def _serve(model: str, store: pathlib.Path, images) -> list[str]:
     """The images through our service with --vllm-store and vLLM's identifiers: the answers' ids."""
-    import httpx
-
-    from qwen_vit_jax.serve.asgi import create_app
     from qwen_vit_jax.serve.settings import Settings
 
     settings = Settings(checkpoint=model, workers=0, vllm_store=str(store), vllm_ids="vllm", vllm_model=model)
 
     async def go():
-        app = create_app(settings)
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-                for _ in range(1200):
-                    if (await client.get("/readyz")).status_code == 200:
-                        break
-                    assert app.state.service.error is None, app.state.service.error
-                    await asyncio.sleep(0.05)
-                body = {"input": [{"image": base64.b64encode(p.read_bytes()).decode()} for p in images]}
-                r = await client.post("/v1/embeddings", json=body, timeout=120)
-                assert r.status_code == 200, r.text
-                return [d["vllm_id"] for d in r.json()["data"]]
+        async with st.served(settings, ready_s=60) as (client, _):
+            body = {"input": [{"image": base64.b64encode(p.read_bytes()).decode()} for p in images]}
+            r = await client.post("/v1/embeddings", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return [d["vllm_id"] for d in r.json()["data"]]
 
     return asyncio.run(go())
 

@@ -69,9 +69,9 @@ def in_thread(settings, encoder=None, wait_ready: bool = True):
 
 
 @contextlib.asynccontextmanager
-async def served(settings, encoder=None):
+async def served(settings, encoder=None, ready_s: float = 30.0):
     """create_app(settings) behind an httpx client of its ASGI app (no socket), its lifespan
-    running, until ready: (client, app)."""
+    running, until ready (within ready_s): (client, app)."""
     import httpx
 
     from qwen_vit_jax import serve
@@ -79,7 +79,7 @@ async def served(settings, encoder=None):
     app = serve.create_app(settings, encoder=encoder)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            for _ in range(600):
+            for _ in range(round(ready_s / 0.05)):
                 if (await client.get("/readyz")).status_code == 200:
                     break
                 assert app.state.service.error is None, app.state.service.error

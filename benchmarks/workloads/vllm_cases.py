@@ -185,11 +185,9 @@ def prompt(kind: str) -> str:
     return f"<|im_start|>user\n<|vision_start|>{pad}<|vision_end|>{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def run_engine(python: pathlib.Path, plan: dict, folder: pathlib.Path, timeout: float = 900) -> dict:
-    """benchmarks/workloads/vllm_engine.py with `plan` in the vLLM venv: its results, with the run's wall time. The
-    engine's log is kept in `folder` (engine.log) and its tail shown on a failure."""
-    plan_file, results_file, log = folder / "plan.json", folder / "results.json", folder / "engine.log"
-    plan_file.write_text(json.dumps(plan, indent=1))
+def engine_env() -> dict[str, str]:
+    """The environment of a vLLM engine process in the vLLM venv (none of this venv's Python or JAX
+    settings)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JAX_", "XLA_"))}
     env.update(
         VLLM_CPU_KVCACHE_SPACE="1",  # GiB: the tiny model's cache; the default takes far more
@@ -199,6 +197,15 @@ def run_engine(python: pathlib.Path, plan: dict, folder: pathlib.Path, timeout: 
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    return env
+
+
+def run_engine(python: pathlib.Path, plan: dict, folder: pathlib.Path, timeout: float = 900) -> dict:
+    """benchmarks/workloads/vllm_engine.py with `plan` in the vLLM venv: its results, with the run's wall time. The
+    engine's log is kept in `folder` (engine.log) and its tail shown on a failure."""
+    plan_file, results_file, log = folder / "plan.json", folder / "results.json", folder / "engine.log"
+    plan_file.write_text(json.dumps(plan, indent=1))
+    env = engine_env()
     script = pathlib.Path(__file__).with_name("vllm_engine.py")
     t0 = time.perf_counter()
     with open(log, "w") as f:
