@@ -106,6 +106,21 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: {"real-size": 0, "ray": 1}.get(group(item), 2))
 
 
+@pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)  # after pytest-xdist's hook
+def pytest_groups_reached_xdist(config, items):
+    """A worker of `--dist loadgroup` whose tests lack their group suffix would run every test as a
+    unit of its own (each module's fixtures built on both workers, two Ray clusters): refuse to start."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in items if "@" not in item.nodeid.rsplit("]", 1)[-1]]
+        if lost:
+            why = (
+                f"pytest-xdist did not group {len(lost)} tests (e.g. {lost[0]}): pytest {pytest.__version__} "
+                "with pytest-xdist's --dist loadgroup (pytest-xdist#1386); the test extra pins pytest<9.2"
+            )
+            print(why, file=sys.__stderr__)  # (a worker's error reaches the terminal only as xdist's own)
+            raise pytest.UsageError(why)
+
+
 def pytest_runtest_teardown(item, nextitem):
     """Stop the session's Ray once no later test uses it: the tests after it run without its processes."""
     if "ray_local" in item.fixturenames:
