@@ -269,6 +269,7 @@ class Service:
         pool = self.video_pool if item.kind == "video" else self.pool
         task = pool.submit(Job("", item.payload, item.kind, item.fps, item.digest))
         jobs: list = []
+        landed: list[asyncio.Future] = []  # one asyncio future per job, all gathered: no failure left unretrieved
         try:
             head = await _next(task)
             m.stage.labels("prepare").observe(head.seconds)
@@ -284,9 +285,10 @@ class Service:
                 if getattr(piece, "error", None) is not None:  # a video that fails after some pieces
                     raise _refused(item.kind, piece)
                 jobs.append(self._submit(piece, cfg, head, deepstack, waited))
+                landed.append(asyncio.wrap_future(jobs[-1].future))
                 if len(jobs) >= IN_FLIGHT:  # the next piece is decoded while this one waits and runs
-                    await asyncio.wait([asyncio.wrap_future(jobs[-IN_FLIGHT].future)])
-            r = _whole(head, [await asyncio.wrap_future(j.future) for j in jobs])
+                    await asyncio.wait([landed[-IN_FLIGHT]])
+            r = _whole(head, await asyncio.gather(*landed))
         except asyncio.CancelledError:
             task.cancel()
             for j in jobs:
