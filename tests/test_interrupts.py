@@ -25,7 +25,8 @@ from qwen_vit_jax.data.embeddings import read_embeddings
 from qwen_vit_jax.tools import cli
 
 WRAPPER = r"""
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # a stuck run's stacks, for the failure message
 from qwen_vit_jax.tools import cli
 from qwen_vit_jax.weights import convert
 from qwen_vit_jax.runtime import encoder
@@ -33,7 +34,8 @@ from qwen_vit_jax.weights import safetensors_io
 
 def pause(what):
     print(f"PAUSED {what}", file=sys.stderr, flush=True)
-    time.sleep(300)  # the signal arrives here
+    for _ in range(3000):  # the signal arrives here. Short sleeps: Python runs its handler in the main
+        time.sleep(0.1)  # thread, which a long sleep keeps waiting if the kernel handed it to another
 
 if sys.argv[1] == "write":  # pause once the file exists under its temporary name
     real_write = convert.write_safetensors
@@ -71,12 +73,28 @@ def run_and_signal(pause_at: str, sig: int, *args) -> tuple[int, str]:
         else:
             pytest.fail(f"the command never reached the pause point:\n{''.join(lines)}")
         proc.send_signal(sig)
-        _, rest = proc.communicate(timeout=120)
+        try:
+            _, rest = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 120 s after {signal.Signals(sig).name}:\n{stuck(proc)}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     return proc.returncode, "".join(lines) + rest
+
+
+def stuck(proc: subprocess.Popen) -> str:
+    """What a process that did not end has to say: its signal masks, then every thread's stack."""
+    with open(f"/proc/{proc.pid}/status") as f:
+        masks = "".join(line for line in f if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+    proc.send_signal(signal.SIGUSR1)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return masks + err
 
 
 def snapshot(folder) -> dict[str, bytes]:
