@@ -4,13 +4,13 @@
 # Both are idempotent: an install step runs again only when pyproject.toml changes (its stamp file
 # is named by the file's hash), so a second run installs nothing.
 #   make test VENV=/tmp/v PYTEST_ARGS='-m "not slow"'   another venv, the fast subset
-#   make test JOBS=2                                     the suite on 2 pytest-xdist workers (0: one process)
+#   make test JOBS=0                                     the suite in one process (default: 2 pytest-xdist workers)
 
 VENV ?= .venv
 PYTHON ?= python3
 PYTEST_ARGS ?=
-# One process by default: two timing-sensitive tests still fail at times on 2 workers (docs/testing.md).
-JOBS ?= 0
+# pytest-xdist workers (0: the suite in this process); 2 fits CI's 2 cores (docs/testing.md).
+JOBS ?= 2
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
