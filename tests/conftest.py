@@ -90,8 +90,9 @@ def ray_local():
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The units pytest-xdist hands to a worker (`make test`: -n 2 --dist loadgroup): a test module
-    (its module fixtures built once), all real-size cases (one at a time: each holds GBs) and all
-    users of the session's Ray (one cluster). These two heavy units come first, so that neither ends
+    (its module fixtures built once), all real-size cases (one at a time: each holds GBs), all
+    users of the session's Ray (one cluster) and all readers of the executed notebooks
+    (notebook_runs: each notebook run once). The two heavy units come first, so that neither ends
     the run alone on one worker; without xdist the order changes the same way and nothing else."""
 
     def group(item) -> str:
@@ -99,6 +100,8 @@ def pytest_collection_modifyitems(config, items):
             return "real-size"
         if "ray_local" in item.fixturenames:
             return "ray"
+        if getattr(getattr(getattr(item, "module", None), "executed", None), "__module__", "") == "notebook_runs":
+            return "notebooks"
         return item.nodeid.split("::")[0]
 
     for item in items:
