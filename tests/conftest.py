@@ -91,22 +91,24 @@ def ray_local():
 def pytest_collection_modifyitems(config, items):
     """The units pytest-xdist hands to a worker (`make test`: -n 2 --dist loadgroup): a test module
     (its module fixtures built once), all real-size cases (one at a time: each holds GBs), all
-    users of the session's Ray (one cluster) and all readers of the executed notebooks
-    (notebook_runs: each notebook run once). The two heavy units come first, so that neither ends
-    the run alone on one worker; without xdist the order changes the same way and nothing else."""
+    users of the session's Ray (one cluster) and a unit a module declares (`pytestmark =
+    pytest.mark.xdist_group(...)`: the readers of the executed notebooks, each notebook run once).
+    The two heavy units come first, so that neither ends the run alone on one worker; without xdist
+    the order changes the same way and nothing else."""
 
     def group(item) -> str:
         if item.get_closest_marker("slow"):
             return "real-size"
         if "ray_local" in item.fixturenames:
             return "ray"
-        if getattr(getattr(getattr(item, "module", None), "executed", None), "__module__", "") == "notebook_runs":
-            return "notebooks"
+        if declared := item.get_closest_marker("xdist_group"):
+            return declared.args[0]
         return item.nodeid.split("::")[0]
 
+    groups = {item.nodeid: group(item) for item in items}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: {"real-size": 0, "ray": 1}.get(group(item), 2))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: {"real-size": 0, "ray": 1}.get(groups[item.nodeid], 2))
 
 
 @pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)  # after pytest-xdist's hook

@@ -8,6 +8,8 @@ import re
 import pytest
 from notebook_runs import executed, text_of
 
+pytestmark = pytest.mark.xdist_group("notebooks")  # each notebook executed once (notebook_runs)
+
 pytest.importorskip("nbformat")
 
 

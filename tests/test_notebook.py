@@ -11,6 +11,8 @@ import re
 import pytest
 from notebook_runs import executed, runner, text_of
 
+pytestmark = pytest.mark.xdist_group("notebooks")  # each notebook executed once (notebook_runs)
+
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 
