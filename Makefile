@@ -15,6 +15,8 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 PY := $(VENV)/bin/python
+# pip installs without compiling bytecode (--no-compile): compiling all ~24,000 modules took ~40% of the
+# install's time, and a run imports a quarter of them; the first import of a module writes its bytecode.
 PIP := $(PY) -m pip
 # The stamps are keyed by pyproject.toml's content: an edited dependency list installs again.
 HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:12])")
@@ -32,12 +34,12 @@ install-test: $(TESTING)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --no-compile --upgrade pip
 
 # The runtime only: jax, flax, numba, grain, pillow, simplejpeg, safetensors. No torch, no PyAV
 # (`pip install -e ".[video]"` adds video files; the demo encodes generated images).
 $(RUNTIME): | $(PY)
-	$(PIP) install -q -e .
+	$(PIP) install -q --no-compile -e .
 	rm -f $(VENV)/.stamp-runtime-*
 	touch $@
 
@@ -49,15 +51,15 @@ $(TESTING): $(RUNTIME)
 		echo "torch: keeping the one installed"; \
 	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
 		echo "torch: the CPU wheel from $(TORCH_CPU_INDEX)"; \
-		$(PIP) install -q "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
+		$(PIP) install -q --no-compile "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
 	else \
 		echo "torch: $(TORCH_CPU_INDEX) is not reachable; torch==$(TORCH_VERSION) from the configured index"; \
-		$(PIP) install -q "torch==$(TORCH_VERSION)"; \
+		$(PIP) install -q --no-compile "torch==$(TORCH_VERSION)"; \
 	fi
 	@$(PY) -c "import shutil, torch; torch.version.cuda and not shutil.which('nvidia-smi') and print( \
 		'warning: torch', torch.__version__, 'is a CUDA build and this machine has no nvidia-smi;', \
 		'README.md (Quick start) says how to take the CPU wheel')"
-	$(PIP) install -q -e ".[test,accel]"
+	$(PIP) install -q --no-compile -e ".[test,accel]"
 	rm -f $(VENV)/.stamp-test-*
 	touch $@
 
@@ -76,11 +78,13 @@ vllm-venv:
 # unpacking). JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
 # tests/test_aot.py, which must not skip here. The suite runs on JOBS pytest-xdist workers (0: in this
 # process), a test module, the real-size cases and the users of the session's Ray each on one worker
-# (tests/conftest.py). pytest exits 5 when it collected no test: a failure. The 15 slowest tests are
-# listed at the end: the budget (docs/testing.md) is watched there.
+# (tests/conftest.py). The suite writes bytecode whatever PYTHONDONTWRITEBYTECODE says: else each of
+# its ~45 interpreters would compile every module it imports again (the install wrote none). pytest
+# exits 5 when it collected no test: a failure. The 15 slowest tests are listed at the end: the budget
+# (docs/testing.md) is watched there.
 test:
 	@$(MAKE) --no-print-directory -j2 lint vllm-venv
 	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
-	@JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	@env -u PYTHONDONTWRITEBYTECODE JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		-n $(JOBS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
