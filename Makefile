@@ -16,8 +16,10 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 PY := $(VENV)/bin/python
 # pip installs without compiling bytecode (--no-compile): compiling all ~24,000 modules took ~40% of the
-# install's time, and a run imports a quarter of them; the first import of a module writes its bytecode.
+# install's time, and a run imports a quarter of them. The first import of a module writes its bytecode:
+# the demo and the suite run with PYTHONDONTWRITEBYTECODE cleared, else every run would compile again.
 PIP := $(PY) -m pip
+WRITES_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 # The stamps are keyed by pyproject.toml's content: an edited dependency list installs again.
 HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:12])")
 RUNTIME := $(VENV)/.stamp-runtime-$(HASH)
@@ -26,7 +28,7 @@ TESTING := $(VENV)/.stamp-test-$(HASH)
 .PHONY: demo test lint install install-test vllm-venv
 
 demo: $(RUNTIME)
-	$(VENV)/bin/qwen-vit-jax demo
+	$(WRITES_BYTECODE) $(VENV)/bin/qwen-vit-jax demo
 
 install: $(RUNTIME)
 
@@ -78,13 +80,12 @@ vllm-venv:
 # unpacking). JAX runs on the CPU; the accel extra's TPU and CUDA compilers are used deviceless by
 # tests/test_aot.py, which must not skip here. The suite runs on JOBS pytest-xdist workers (0: in this
 # process), a test module, the real-size cases and the users of the session's Ray each on one worker
-# (tests/conftest.py). The suite writes bytecode whatever PYTHONDONTWRITEBYTECODE says: else each of
-# its ~45 interpreters would compile every module it imports again (the install wrote none). pytest
-# exits 5 when it collected no test: a failure. The 15 slowest tests are listed at the end: the budget
-# (docs/testing.md) is watched there.
+# (tests/conftest.py); its ~45 interpreters write bytecode (above). pytest exits 5 when it collected no
+# test: a failure. The 15 slowest tests are listed at the end: the budget (docs/testing.md) is watched
+# there.
 test:
 	@$(MAKE) --no-print-directory -j2 lint vllm-venv
 	@$(PIP) list 2>/dev/null | grep -iE '^(jax|jaxlib|flax|numba|numpy|torch|transformers|libtpu|jax-cuda13-plugin) ' || true
-	@env -u PYTHONDONTWRITEBYTECODE JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	@$(WRITES_BYTECODE) JAX_PLATFORMS=cpu QVJ_REQUIRE_ACCEL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 		-n $(JOBS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 1; fi; exit $$rc
