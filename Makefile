@@ -15,10 +15,11 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 PY := $(VENV)/bin/python
-# pip installs without compiling bytecode (--no-compile): compiling all ~24,000 modules took ~40% of the
-# install's time, and a run imports a quarter of them. The first import of a module writes its bytecode:
-# the demo and the suite run with PYTHONDONTWRITEBYTECODE cleared, else every run would compile again.
+# INSTALL compiles no bytecode (--no-compile): compiling all ~24,000 modules took ~40% of the install's
+# time, and a run imports a quarter of them. The first import of a module writes its bytecode: the demo
+# and the suite run with PYTHONDONTWRITEBYTECODE cleared, else every run would compile again.
 PIP := $(PY) -m pip
+INSTALL := $(PIP) install -q --no-compile
 WRITES_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 # The stamps are keyed by pyproject.toml's content: an edited dependency list installs again.
 HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:12])")
@@ -36,12 +37,12 @@ install-test: $(TESTING)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --no-compile --upgrade pip
+	$(INSTALL) --upgrade pip
 
 # The runtime only: jax, flax, numba, grain, pillow, simplejpeg, safetensors. No torch, no PyAV
 # (`pip install -e ".[video]"` adds video files; the demo encodes generated images).
 $(RUNTIME): | $(PY)
-	$(PIP) install -q --no-compile -e .
+	$(INSTALL) -e .
 	rm -f $(VENV)/.stamp-runtime-*
 	touch $@
 
@@ -53,15 +54,15 @@ $(TESTING): $(RUNTIME)
 		echo "torch: keeping the one installed"; \
 	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
 		echo "torch: the CPU wheel from $(TORCH_CPU_INDEX)"; \
-		$(PIP) install -q --no-compile "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
+		$(INSTALL) "torch==$(TORCH_VERSION)" --index-url $(TORCH_CPU_INDEX); \
 	else \
 		echo "torch: $(TORCH_CPU_INDEX) is not reachable; torch==$(TORCH_VERSION) from the configured index"; \
-		$(PIP) install -q --no-compile "torch==$(TORCH_VERSION)"; \
+		$(INSTALL) "torch==$(TORCH_VERSION)"; \
 	fi
 	@$(PY) -c "import shutil, torch; torch.version.cuda and not shutil.which('nvidia-smi') and print( \
 		'warning: torch', torch.__version__, 'is a CUDA build and this machine has no nvidia-smi;', \
 		'README.md (Quick start) says how to take the CPU wheel')"
-	$(PIP) install -q --no-compile -e ".[test,accel]"
+	$(INSTALL) -e ".[test,accel]"
 	rm -f $(VENV)/.stamp-test-*
 	touch $@
 

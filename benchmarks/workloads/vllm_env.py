@@ -110,7 +110,7 @@ def _build(log) -> pathlib.Path:
     log(f"vLLM venv: building {VENV} ({', '.join(PINS)}); a few minutes, ~3.5 GB")
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    # no bytecode compiled (~30% of the build's time): the import check below writes what vLLM imports
+    # no bytecode compiled (~25% of the build's time): the import check below writes what vLLM imports
     pip = [str(python()), "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
     # torch's CPU build: from the indexes pip is configured with, and PyTorch's own where it answers
     # (as the Makefile's torch step decides)
