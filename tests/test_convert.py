@@ -222,6 +222,17 @@ def test_round_trip(ckpts, tmp_path, variant):
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
 
 
+def test_load_converted_reads_tensors_only_when_used(ckpts, tmp_path, monkeypatch):
+    """Its checks of names, shapes and dtypes read the header; each tensor is read when looked up."""
+    out = convert_checkpoint(ckpts["qwen2_5_vl"].f32, tmp_path / "out")
+    reads, get = [], SafetensorsFile.get
+    monkeypatch.setattr(SafetensorsFile, "get", lambda self, name: reads.append(name) or get(self, name))
+    cfg, params, _ = load_converted(out)
+    assert all(k in params for k in expected_param_shapes(cfg)) and "blocks.attn.extra" not in params
+    assert reads == []
+    assert params["merger.fc2.bias"].shape == (cfg.out_dim,) and reads == ["merger.fc2.bias"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_kernels_compute_what_torch_computes(ckpts, variant):
     """The transforms mean what they should: conv == rows @ kernel, Linear == x @ kernel + bias."""

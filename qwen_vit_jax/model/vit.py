@@ -513,5 +513,5 @@ def fill_state(abstract: nnx.State, params: dict[str, np.ndarray], num: Numerics
         if value.shape != var.shape:
             raise ValueError(f"parameter {key}: shape {value.shape}, model expects {var.shape}")
         dtype = num.operand_dtype if key.endswith("kernel") else jnp.float32
-        values.append(jax.device_put(value.astype(dtype), device))
+        values.append(jax.device_put(value.astype(dtype, copy=False), device))  # device_put copies anyway
     return nnx.from_flat_state([(path, var.replace(v)) for (path, var), v in zip(flat, values)])

@@ -162,15 +162,18 @@ class LazyTensors(Mapping):
 
     def __init__(self, f: SafetensorsFile, keys: Iterable[str] | None = None):
         self.file = f
-        self._keys = list(f.entries if keys is None else keys)
+        self._keys = dict.fromkeys(f.entries if keys is None else keys)  # ordered, with O(1) membership
         for k in self._keys:
             if k not in f.entries:
                 f._bad("no such tensor in this file", k)
 
     def __getitem__(self, key: str) -> np.ndarray:
-        if key not in self.file.entries:
+        if key not in self._keys:
             raise KeyError(key)
         return self.file.get(key)
+
+    def __contains__(self, key: object) -> bool:  # from the header: Mapping's own would read the tensor
+        return key in self._keys
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
