@@ -30,7 +30,7 @@ import numpy as np
 
 from qwen_vit_jax.config import VisionConfig
 from qwen_vit_jax.files import atomic_dir, fsync
-from qwen_vit_jax.weights.hf_read import CONFIG_FILE, locate_tensors, vision_prefix
+from qwen_vit_jax.weights.hf_read import CONFIG_FILE, copy_into, locate_tensors, vision_prefix
 from qwen_vit_jax.weights.keys import INVERSE, RULES, Rule, dims_to_shape, expected_param_shapes
 from qwen_vit_jax.weights.safetensors_io import ST_DTYPES, CheckpointError, SafetensorsFile
 from qwen_vit_jax.weights.sources import CONVERTED, resolve_source
@@ -182,7 +182,9 @@ def export_params(
                     a = hf_tensor(*mapping[key], params, cfg)
                     if a.shape != shape:
                         raise CheckpointError(f"{path}: tensor {key!r} has shape {shape}, the model's is {a.shape}")
-                    a = np.ascontiguousarray(a.astype(ST_DTYPES[st], copy=False)).view(np.uint8).reshape(-1)
+                    b = np.empty(a.shape, ST_DTYPES[st])
+                    copy_into(b, a)  # a Linear weight arrives transposed
+                    a = b.view(np.uint8).reshape(-1)
                     assert a.size == end - begin  # dtype and shape equal: the bytes fit the slot exactly
                     w.seek(f.data_start + begin)
                     w.write(a.data)

@@ -138,7 +138,7 @@ def read_hf_vision(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, n
         filled[slot] = key
         if layer is None and rule.part is None:
             params[rule.target] = np.empty(w.shape, w.dtype)
-            _copy(params[rule.target], w)
+            copy_into(params[rule.target], w)
             continue
         if rule.target not in params:  # preallocate [L, ...] (or the fused whole) in the source dtype
             params[rule.target] = np.empty(shapes[rule.target], w.dtype)
@@ -147,11 +147,11 @@ def read_hf_vision(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, n
             raise CheckpointError(f"{loc}: dtype {w.dtype}, other parts of {rule.target}: {stack.dtype}")
         row = stack if layer is None else stack[layer]  # a view: writes land in the stack
         if rule.part is None:
-            _copy(row, w)
+            copy_into(row, w)
         else:  # the i-th of k column blocks of the last axis
             i, k = rule.part
             width = row.shape[-1] // k
-            _copy(row[..., i * width : (i + 1) * width], w)
+            copy_into(row[..., i * width : (i + 1) * width], w)
 
     missing = [
         f"{'' if r.pattern.startswith('mlp_AR') else prefix}{r.hf_key(i)} (-> {r.target}"
@@ -170,9 +170,10 @@ def read_hf_vision(hf_dir: str | os.PathLike) -> tuple[VisionConfig, dict[str, n
     return cfg, params, prefix
 
 
-def _copy(dst: np.ndarray, src: np.ndarray, columns: int = 64) -> None:
-    """dst[...] = src. A transposed matrix (every Linear weight) is copied `columns` of its columns
-    at a time: numpy's copy of a whole one misses the cache on every element (up to 5x slower at 2B sizes)."""
+def copy_into(dst: np.ndarray, src: np.ndarray, columns: int = 64) -> None:
+    """dst[...] = src, cast to dst's dtype. A transposed matrix (every Linear weight) is copied `columns`
+    of its columns at a time: numpy's copy of a whole one misses the cache on every element (up to 5x
+    slower at 2B sizes)."""
     if src.ndim != 2 or src.flags.c_contiguous:
         dst[...] = src
         return
